@@ -1,0 +1,180 @@
+// Package agentapi holds the wire types spoken between kiln-agent (the in-RAM
+// provisioning environment) and the appliance. It imports nothing of Kiln's so
+// that both cmd/kiln-agent and appliance/api can share it.
+//
+// Protocol (all JSON over HTTP, bearer token from the kernel command line):
+//
+//	POST {url}/v1/agent/register   Registration      → Task
+//	GET  {url}/v1/agent/task       (poll)            → Task
+//	POST {url}/v1/agent/report     Report            → 204
+//
+// Kernel arguments read by the agent: kiln.url=URL kiln.machine=ID kiln.token=TOKEN.
+package agentapi
+
+import "time"
+
+// Kernel command-line keys the agent reads (/proc/cmdline).
+const (
+	ArgURL     = "kiln.url"
+	ArgMachine = "kiln.machine"
+	ArgToken   = "kiln.token"
+)
+
+// Step names of the gated build (DESIGN.md "The gated build"), plus inspect and erase.
+const (
+	StepInspect  = "inspect"
+	StepCheck    = "check"
+	StepWrite    = "write"
+	StepVerify   = "verify"
+	StepStage    = "stage"
+	StepFinalize = "finalize"
+	StepReboot   = "reboot"
+	StepErase    = "erase"
+)
+
+// State is the closed set of step states.
+type State string
+
+const (
+	StateStarted   State = "started"
+	StateRunning   State = "running" // progress update / heartbeat
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+)
+
+// Reason is the closed set of failure reasons.
+type Reason string
+
+const (
+	ReasonNone             Reason = ""
+	ReasonDiskNotFound     Reason = "disk_not_found"
+	ReasonDiskTooSmall     Reason = "disk_too_small"
+	ReasonDiskUnhealthy    Reason = "disk_unhealthy"
+	ReasonDiskTooSlow      Reason = "disk_too_slow"
+	ReasonForeignOSPresent Reason = "foreign_os_present"
+	ReasonToolMissing      Reason = "tool_missing"
+	ReasonImageFetchFailed Reason = "image_fetch_failed"
+	ReasonDigestMismatch   Reason = "digest_mismatch"
+	ReasonWriteFailed      Reason = "write_failed"
+	ReasonVerifyMismatch   Reason = "verify_mismatch"
+	ReasonStageFailed      Reason = "stage_failed"
+	ReasonEraseFailed      Reason = "erase_failed"
+	ReasonTimeout          Reason = "timeout"
+	ReasonInternal         Reason = "internal_error"
+)
+
+// Reasons lists every non-empty Reason.
+var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
+	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
+	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal}
+
+// MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
+const MaxMessageLen = 512
+
+// Disk as seen by the agent. SizeBytes in bytes. Health is "ok", "failing" or "not_reported".
+type Disk struct {
+	Name       string `json:"name"`
+	Path       string `json:"path"`
+	Serial     string `json:"serial,omitempty"`
+	WWN        string `json:"wwn,omitempty"`
+	Model      string `json:"model,omitempty"`
+	SizeBytes  uint64 `json:"size_bytes"`
+	Rotational bool   `json:"rotational"`
+	Removable  bool   `json:"removable"`
+	Health     string `json:"health"`
+}
+
+// NIC as seen by the agent; MAC lower-case colon form.
+type NIC struct {
+	Name   string `json:"name"`
+	MAC    string `json:"mac"`
+	LinkUp bool   `json:"link_up"`
+}
+
+// Inventory is the hardware the agent found.
+type Inventory struct {
+	Vendor      string `json:"vendor,omitempty"`
+	Product     string `json:"product,omitempty"`
+	Serial      string `json:"serial,omitempty"`
+	UUID        string `json:"uuid,omitempty"`
+	CPUs        int    `json:"cpus"`
+	MemoryBytes uint64 `json:"memory_bytes"`
+	Disks       []Disk `json:"disks"`
+	NICs        []NIC  `json:"nics"`
+	BMCAddress  string `json:"bmc_address,omitempty"`
+}
+
+// Registration is the agent's first message.
+type Registration struct {
+	MachineID    string    `json:"machine_id"`
+	AgentVersion string    `json:"agent_version"`
+	Inventory    Inventory `json:"inventory"`
+}
+
+// Action tells the agent what to do next.
+type Action string
+
+const (
+	ActionWait      Action = "wait"      // poll GET /v1/agent/task again after PollAfter
+	ActionInspect   Action = "inspect"   // inventory only (already sent at register); then wait
+	ActionProvision Action = "provision" // run the gated build
+	ActionErase     Action = "erase"
+	ActionPowerOff  Action = "poweroff"
+)
+
+// DiskRule chooses the target disk: by serial, WWN, or the smallest
+// non-removable disk of at least MinSizeBytes. Never "the first disk".
+type DiskRule struct {
+	Serial       string `json:"serial,omitempty"`
+	WWN          string `json:"wwn,omitempty"`
+	MinSizeBytes uint64 `json:"min_size_bytes,omitempty"`
+}
+
+// ImageRef is what the agent writes: URL served by the appliance, SHA-256 hex of
+// the raw (decompressed) bytes written to disk, raw Size in bytes, Format raw|gzip|zstd.
+type ImageRef struct {
+	URL    string `json:"url"`
+	SHA256 string `json:"sha256"`
+	Size   uint64 `json:"size_bytes"`
+	Format string `json:"format"`
+}
+
+// StageData is the node's own configuration, written to a NoCloud cidata partition.
+type StageData struct {
+	Hostname      string            `json:"hostname"`
+	InstanceID    string            `json:"instance_id"`
+	UserData      string            `json:"user_data,omitempty"`
+	NetworkConfig string            `json:"network_config,omitempty"`
+	SSHKeys       []string          `json:"ssh_keys,omitempty"`
+	CABundle      string            `json:"ca_bundle,omitempty"`
+	JoinData      string            `json:"join_data,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+}
+
+// Task is the appliance's instruction.
+type Task struct {
+	Action    Action        `json:"action"`
+	PollAfter time.Duration `json:"poll_after_ns,omitempty"`
+	// Heartbeat is how often the agent sends a running report during long steps.
+	Heartbeat time.Duration `json:"heartbeat_ns,omitempty"`
+	Disk      DiskRule      `json:"disk,omitempty"`
+	Wipe      bool          `json:"wipe,omitempty"`
+	Image     *ImageRef     `json:"image,omitempty"`
+	Stage     *StageData    `json:"stage,omitempty"`
+	// MinReadMBps is the floor of the check step's sequential read test (MB/s); 0 = no floor.
+	MinReadMBps float64 `json:"min_read_mbps,omitempty"`
+	// Reboot: after finalize, reboot (true) or power off (false).
+	Reboot bool `json:"reboot"`
+}
+
+// Report is one step report. Progress is 0..1.
+type Report struct {
+	MachineID string  `json:"machine_id"`
+	Step      string  `json:"step"`
+	State     State   `json:"state"`
+	Reason    Reason  `json:"reason,omitempty"`
+	Message   string  `json:"message,omitempty"`
+	Progress  float64 `json:"progress,omitempty"`
+	// Written holds, on finalize, what went to disk (disk path, bytes, sha256).
+	Written map[string]string `json:"written,omitempty"`
+}

@@ -1,0 +1,81 @@
+package api
+
+import (
+	"context"
+	"io"
+
+	"kiln/api/agentapi"
+	"kiln/appliance/intake"
+	"kiln/store"
+)
+
+// Backend is everything the REST API needs from the rest of the appliance:
+// the store's reads and intended-field writes, plus the lifecycle
+// controller's operations. The appliance implements it with an adapter that
+// forwards to *store.Store and lifecycle.Controller (see
+// /work/prompts/backend-iface.md for the contract).
+//
+// Errors: implementations return (possibly wrapped) store.ErrNotFound,
+// store.ErrConflict, store.ErrNotLeader, *store.IllegalTransitionError,
+// *intake.ErrRows or *ValidationError; the API maps each to one HTTP status
+// and stable code (see errors.go). Any other error is a 500 "internal".
+type Backend interface {
+	ListMachines(opt store.ListOptions) ([]store.Machine, string, error)
+	GetMachine(id string) (store.Machine, error)
+	// PutMachine is used for intended-field updates with CAS: the machine
+	// carries the client's ResourceVersion.
+	PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)
+	ListSites() ([]store.Site, error)
+	PutSite(ctx context.Context, s store.Site, w store.W) (store.Site, error)
+	ListRacks() ([]store.Rack, error)
+	PutRack(ctx context.Context, r store.Rack, w store.W) (store.Rack, error)
+	ListImages() ([]store.Image, error)
+	GetImage(id string) (store.Image, error)
+	ListJobs(machine string) ([]store.Job, error)
+	GetJob(id string) (store.Job, error)
+	// Events returns up to limit events with Index > after, oldest first.
+	Events(after uint64, limit int) ([]store.Event, error)
+	// WaitEvents blocks until an event with Index > after exists or ctx ends
+	// (then it returns ctx.Err()).
+	WaitEvents(ctx context.Context, after uint64) error
+	CountByState() (map[store.MachineState]int, error)
+	Health() Health
+
+	// Lifecycle operations (appliance/lifecycle.Controller).
+
+	// Import parses r as format "csv", "json" or "netbox" and creates the
+	// machines as registered; a file with any bad row imports nothing
+	// (*intake.ErrRows).
+	Import(ctx context.Context, r io.Reader, format string, w store.W) (intake.Result, error)
+	Provision(ctx context.Context, id string, c store.Claim, w store.W) (store.Machine, error)
+	ClaimMachines(ctx context.Context, role string, labels map[string]string, n int, c store.Claim, w store.W) ([]store.Machine, error)
+	Release(ctx context.Context, id string, w store.W) (store.Machine, error)
+	Erase(ctx context.Context, id string, w store.W) (store.Machine, error)
+	Inspect(ctx context.Context, id string, w store.W) (store.Machine, error)
+	// EnrollBMC stores the BMC and its encrypted credential; password is
+	// write-only and never returned.
+	EnrollBMC(ctx context.Context, machineID string, b store.BMC, password string, w store.W) (store.BMC, error)
+	// UploadImage streams r into the image store; meta.SHA256 (hex) is the
+	// declared digest and a mismatch is an error.
+	UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error)
+	DeleteImage(ctx context.Context, id string, w store.W) error
+
+	// Agent protocol (package agentapi).
+	AgentRegister(ctx context.Context, machineID string, reg agentapi.Registration) (agentapi.Task, error)
+	AgentTask(ctx context.Context, machineID string) (agentapi.Task, error)
+	AgentReport(ctx context.Context, machineID string, rep agentapi.Report) error
+	// VerifyAgentToken reports whether token is the current per-boot agent
+	// token of machineID.
+	VerifyAgentToken(machineID, token string) bool
+}
+
+// Health is the appliance's view of itself, served by /readyz and
+// /v1/site/status. Leader is the raft leader's address ("" when none);
+// Stats holds raft statistics as strings (hashicorp/raft Stats()).
+type Health struct {
+	Leader   string            `json:"leader"`
+	IsLeader bool              `json:"is_leader"`
+	Ready    bool              `json:"ready"`
+	Stats    map[string]string `json:"stats,omitempty"`
+	Version  string            `json:"version"`
+}

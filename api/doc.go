@@ -1,0 +1,52 @@
+// Package api is Kiln's REST API: the site team's and central's way to see
+// and steer machines, and the in-RAM agent's way to report.
+//
+// It owns HTTP only: routing (echo/v4), bearer-token auth with roles, JSON
+// decoding that rejects unknown fields, validation that names the field, the
+// one error handler that maps errors to statuses and stable codes, request
+// metrics with bounded labels, /metrics, /healthz, /readyz and the OpenAPI
+// 3.0 document at /v1/openapi.json. Everything else goes through Backend,
+// which the appliance implements over the store and the lifecycle
+// controller; handlers validate, call Backend, and map errors.
+//
+// Routes (roles: viewer < operator < admin; agent is separate):
+//
+//	GET    /healthz, /readyz, /metrics, /v1/openapi.json       no auth
+//	GET    /v1/site/status                                      viewer
+//	GET    /v1/sites  /v1/sites/{id}                            viewer
+//	POST   /v1/sites   PUT /v1/sites/{id}                       admin
+//	GET    /v1/racks[?site=]  /v1/racks/{id}                    viewer
+//	POST   /v1/racks   PUT /v1/racks/{id}                       admin
+//	GET    /v1/machines?state=&rack=&label=k=v&limit=&after=    viewer (next cursor in the body)
+//	GET    /v1/machines/{id}                                    viewer
+//	POST   /v1/machines                                         admin (one registered machine)
+//	POST   /v1/machines/import?format=csv|json|netbox           admin (all or nothing)
+//	PATCH  /v1/machines/{id}                                    admin (intended fields; resource_version → 409)
+//	POST   /v1/machines/{id}/provision|release|erase|inspect    operator
+//	POST   /v1/machines/claim                                   operator (N machines by role and labels)
+//	POST   /v1/machines/{id}/bmc                                admin (password write-only)
+//	GET    /v1/images  /v1/images/{id}                          viewer
+//	POST   /v1/images?name=&version=&sha256=&format=            admin (streamed body; PUT /v1/images/{id} too)
+//	DELETE /v1/images/{id}                                      admin
+//	GET    /v1/jobs[?machine=]  /v1/jobs/{id}                   viewer
+//	GET    /v1/events?after=CURSOR&limit=&wait=30s              viewer (long-poll)
+//	POST   /v1/agent/register, GET /v1/agent/task, POST /v1/agent/report   agent
+//
+// Errors are {"error":{"code":"...","message":"...","field":"..."}} with the
+// codes listed as Code* constants: store.ErrNotFound → 404 not_found,
+// store.ErrConflict → 409 conflict, *store.IllegalTransitionError → 409
+// illegal_transition (from, to), validation → 400 invalid / unknown_field /
+// bad_json naming the field, *intake.ErrRows → 400 import_rejected (rows),
+// store.ErrNotLeader → 503 not_leader (leader), 401 unauthorized, 403
+// forbidden.
+//
+// Agent requests carry the per-boot token of the kernel command line
+// (kiln.token) and name their machine in the X-Kiln-Machine header or the
+// body's machine_id; both, when present, must agree, and the token must be
+// that machine's (Backend.VerifyAgentToken). An agent token of machine A can
+// never act for machine B.
+//
+// Static tokens are configured hashed (TokenSpec.SHA256 = hex SHA-256);
+// LoadOrCreateAdminToken makes the first admin token (0600 file). Metrics are
+// documented in METRICS.md.
+package api

@@ -1,0 +1,81 @@
+package api
+
+import (
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/labstack/echo/v4"
+
+	"kiln/api/agentapi"
+)
+
+// FuzzDecodeJSON feeds arbitrary request bodies (network bytes) through the
+// strict JSON decoder used by every handler: it must never panic, and every
+// failure must be a classified 400/413, never a 500.
+func FuzzDecodeJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"resource_version":1,"name":"x"}`, `{"resource_version":1,"state":"available"}`, `{"intended":{"nics":[{"mac":"52:54:00:00:00:01"}]}}`,
+		`{"rack_unit":"top"}`, `{`, ``, `null`, `[]`, `{"labels":{"a":"b"}}{}`, `{"resource_version":-1}`, "\xff\xfe",
+		`{"intended":{"colour":1}}`, `{"resource_version":1e400}`,
+	} {
+		f.Add([]byte(s))
+	}
+	e := echo.New()
+	s := &Server{}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequest("PATCH", "/v1/machines/x", strings.NewReader(string(body)))
+		rec := httptest.NewRecorder()
+		c := e.NewContext(req, rec)
+		var p MachinePatch
+		err := decodeJSON(c, 1<<12, &p, false)
+		if err == nil {
+			if err := validateMachineFields(0, nil, p.Intended, "", ""); err != nil && !errors.Is(err, ErrInvalid) {
+				t.Fatalf("validate: unclassified %v", err)
+			}
+			return
+		}
+		code, d := s.classify(err)
+		if code != 400 && code != 413 {
+			t.Fatalf("body %q: status %d (%+v) from %v", body, code, d, err)
+		}
+		if d.Code == CodeUnknownField && d.Field == "" {
+			t.Fatalf("unknown field without a name: %v", err)
+		}
+	})
+}
+
+// FuzzReport checks the agent report validator and message sanitiser on
+// arbitrary field values: a report that passes has only closed-enum values
+// and a message of at most MaxMessageLen bytes of valid UTF-8 without
+// control characters.
+func FuzzReport(f *testing.F) {
+	f.Add("write", "running", "", "50% done", 0.5)
+	f.Add("write", "failed", "write_failed", "EIO\x00\x1b[31m", 0.1)
+	f.Add("check", "failed", "", "x", 0.0)
+	f.Add("dance", "started", "", strings.Repeat("é", 400), 1.5)
+	f.Fuzz(func(t *testing.T, step, state, reason, msg string, progress float64) {
+		r := agentapi.Report{Step: step, State: agentapi.State(state), Reason: agentapi.Reason(reason), Message: msg, Progress: progress}
+		if err := validateReport(&r); err != nil {
+			var ve *ValidationError
+			if !errors.As(err, &ve) || ve.Field == "" {
+				t.Fatalf("unnamed validation error %v", err)
+			}
+			return
+		}
+		if !knownSteps[r.Step] || r.Progress < 0 || r.Progress > 1 {
+			t.Fatalf("accepted %+v", r)
+		}
+		if len(r.Message) > agentapi.MaxMessageLen || !utf8.ValidString(r.Message) {
+			t.Fatalf("message %q", r.Message)
+		}
+		for _, c := range r.Message {
+			if unicode.IsControl(c) {
+				t.Fatalf("control char in %q", r.Message)
+			}
+		}
+	})
+}

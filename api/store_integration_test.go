@@ -1,0 +1,150 @@
+package api_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	. "kiln/api"
+	"kiln/api/apitest"
+	"kiln/store"
+	"kiln/store/storetest"
+)
+
+// storeBackend serves the store-backed routes from a real *store.Store (raft
+// + bbolt on disk); lifecycle operations fall through to the embedded Fake.
+type storeBackend struct {
+	*apitest.Fake
+	s *store.Store
+}
+
+func (b storeBackend) ListMachines(o store.ListOptions) ([]store.Machine, string, error) {
+	return b.s.ListMachines(o)
+}
+func (b storeBackend) GetMachine(id string) (store.Machine, error) { return b.s.GetMachine(id) }
+func (b storeBackend) PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error) {
+	return b.s.PutMachine(ctx, m, w)
+}
+func (b storeBackend) ListSites() ([]store.Site, error) { return b.s.ListSites() }
+func (b storeBackend) PutSite(ctx context.Context, v store.Site, w store.W) (store.Site, error) {
+	return b.s.PutSite(ctx, v, w)
+}
+func (b storeBackend) Events(after uint64, limit int) ([]store.Event, error) {
+	return b.s.Events(after, limit)
+}
+func (b storeBackend) WaitEvents(ctx context.Context, after uint64) error {
+	return b.s.WaitEvents(ctx, after)
+}
+func (b storeBackend) CountByState() (map[store.MachineState]int, error) { return b.s.CountByState() }
+func (b storeBackend) Health() Health {
+	_, addr := b.s.Leader()
+	return Health{Leader: addr, IsLeader: b.s.IsLeader(), Ready: b.s.Ready(), Stats: b.s.Stats(), Version: "it"}
+}
+
+// TestOverRealStore runs the store-backed routes against a one-node raft
+// store: create, paginate, filter, CAS updates and the events long-poll.
+func TestOverRealStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short: starts a raft store")
+	}
+	c := storetest.NewCluster(t, 1)
+	st := c.Nodes[0].Store
+	f := apitest.New()
+	s, err := New(testConfig(), storeBackend{Fake: f, s: st}, prometheus.NewRegistry(), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	h := &harness{t: t, f: f, s: s, srv: srv}
+
+	var first store.Machine
+	for i := 0; i < 12; i++ {
+		r := h.do("POST", "/v1/machines", adminTok, MachineSpec{Name: fmt.Sprintf("n%02d", i), Rack: "r1",
+			Labels:   map[string]string{"zone": map[bool]string{true: "a", false: "b"}[i%3 == 0]},
+			Intended: store.Hardware{Serial: fmt.Sprintf("S%02d", i), NICs: []store.NIC{{MAC: fmt.Sprintf("52:54:00:AA:00:%02X", i)}}}})
+		h.want(r, 201, "")
+		if i == 0 {
+			r.into(t, &first)
+		}
+	}
+	if first.ID == "" || first.State != store.StateRegistered || first.Intended.NICs[0].MAC != "52:54:00:aa:00:00" {
+		t.Fatalf("created %+v", first)
+	}
+	// Same MAC again: the store refuses (409 conflict or 400), never 500.
+	r := h.do("POST", "/v1/machines", adminTok, MachineSpec{Intended: store.Hardware{NICs: []store.NIC{{MAC: "52:54:00:aa:00:00"}}}})
+	if r.code != 409 && r.code != 400 {
+		t.Fatalf("duplicate MAC: %d %s", r.code, r.body)
+	}
+
+	seen, after := 0, ""
+	for pages := 0; ; pages++ {
+		var ml MachineList
+		h.do("GET", "/v1/machines?limit=5&after="+after, viewerTok, nil).into(t, &ml)
+		seen += len(ml.Items)
+		if ml.Next == "" {
+			if pages != 2 {
+				t.Fatalf("pages %d", pages+1)
+			}
+			break
+		}
+		after = ml.Next
+	}
+	if seen != 12 {
+		t.Fatalf("paginated %d of 12", seen)
+	}
+	var ml MachineList
+	h.do("GET", "/v1/machines?state=registered&label=zone%3Da", viewerTok, nil).into(t, &ml)
+	if len(ml.Items) != 4 {
+		t.Fatalf("filter: %d", len(ml.Items))
+	}
+
+	// Long-poll for the next event, then cause it with a PATCH.
+	var el EventList
+	h.do("GET", "/v1/events?after=0&limit=1000", viewerTok, nil).into(t, &el)
+	if len(el.Events) < 12 {
+		t.Fatalf("events %d", len(el.Events))
+	}
+	cursor := el.Next
+	done := make(chan resp, 1)
+	go func() { done <- h.do("GET", fmt.Sprintf("/v1/events?after=%d&wait=20s", cursor), viewerTok, nil) }()
+	time.Sleep(200 * time.Millisecond)
+	r = h.do("PATCH", "/v1/machines/"+first.ID, adminTok, map[string]any{"resource_version": first.ResourceVersion, "name": "renamed"})
+	h.want(r, 200, "")
+	var upd store.Machine
+	r.into(t, &upd)
+	select {
+	case lp := <-done:
+		h.want(lp, 200, "")
+		lp.into(t, &el)
+		if len(el.Events) == 0 || el.Events[0].Index <= cursor {
+			t.Fatalf("long-poll %+v", el)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("long-poll did not return after the write")
+	}
+	// Stale version: 409 from the API's check and from the store's CAS.
+	h.want(h.do("PATCH", "/v1/machines/"+first.ID, adminTok, map[string]any{"resource_version": first.ResourceVersion, "name": "late"}), 409, CodeConflict)
+	if _, err := st.PutMachine(context.Background(), upd, store.W{Actor: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	h.want(h.do("PATCH", "/v1/machines/"+first.ID, adminTok, map[string]any{"resource_version": upd.ResourceVersion, "name": "late"}), 409, CodeConflict)
+
+	r = h.do("POST", "/v1/sites", adminTok, SiteSpec{ID: "fra1", Name: "Frankfurt"})
+	h.want(r, 201, "")
+	var site store.Site
+	r.into(t, &site)
+	h.want(h.do("PUT", "/v1/sites/fra1", adminTok, SiteSpec{ResourceVersion: site.ResourceVersion, Name: "F2"}), 200, "")
+	h.want(h.do("PUT", "/v1/sites/fra1", adminTok, SiteSpec{ResourceVersion: site.ResourceVersion, Name: "F3"}), 409, CodeConflict)
+
+	var ss SiteStatus
+	h.do("GET", "/v1/site/status", viewerTok, nil).into(t, &ss)
+	if ss.Total != 12 || ss.Counts[store.StateRegistered] != 12 || !ss.Raft.IsLeader {
+		t.Fatalf("status %+v", ss)
+	}
+	h.want(h.do("GET", "/readyz", "", nil), 200, "")
+}

@@ -1,0 +1,186 @@
+package api
+
+import (
+	"time"
+
+	"kiln/store"
+)
+
+// Request and response bodies of the API (JSON). Request bodies reject
+// unknown fields (400 "unknown_field" naming the field).
+
+// MachineList is a page of GET /v1/machines. Next is the cursor for
+// ?after= of the next page; "" on the last page.
+type MachineList struct {
+	Items []store.Machine `json:"items"`
+	Next  string          `json:"next,omitempty"`
+}
+
+// SiteList is GET /v1/sites.
+type SiteList struct {
+	Items []store.Site `json:"items"`
+}
+
+// RackList is GET /v1/racks (optionally ?site=ID).
+type RackList struct {
+	Items []store.Rack `json:"items"`
+}
+
+// ImageList is GET /v1/images.
+type ImageList struct {
+	Items []store.Image `json:"items"`
+}
+
+// JobList is GET /v1/jobs (optionally ?machine=ID).
+type JobList struct {
+	Items []store.Job `json:"items"`
+}
+
+// EventList is GET /v1/events. Next is the cursor to pass as ?after= next
+// time: the Index of the last event returned, or the request's after when
+// none were.
+type EventList struct {
+	Events []store.Event `json:"events"`
+	Next   uint64        `json:"next"`
+}
+
+// SiteSpec creates (POST /v1/sites; ID optional, assigned when empty) or
+// updates (PUT /v1/sites/{id}; ResourceVersion required) a site.
+type SiteSpec struct {
+	ID              string `json:"id,omitempty"`
+	ResourceVersion uint64 `json:"resource_version,omitempty"`
+	Name            string `json:"name"`
+	Description     string `json:"description,omitempty"`
+}
+
+// RackSpec creates or updates a rack, like SiteSpec. Units in rack units (U).
+type RackSpec struct {
+	ID              string `json:"id,omitempty"`
+	ResourceVersion uint64 `json:"resource_version,omitempty"`
+	Site            string `json:"site"`
+	Name            string `json:"name"`
+	Row             string `json:"row,omitempty"`
+	Units           int    `json:"units,omitempty"`
+}
+
+// MachineSpec creates one machine (POST /v1/machines) as registered, with
+// its intended fields. Import creates many at once.
+type MachineSpec struct {
+	Name         string            `json:"name,omitempty"`
+	Site         string            `json:"site,omitempty"`
+	Rack         string            `json:"rack,omitempty"`
+	RackUnit     int               `json:"rack_unit,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Intended     store.Hardware    `json:"intended"`
+	RootDisk     store.DiskRule    `json:"root_disk"`
+	Wipe         bool              `json:"wipe,omitempty"`
+	BootMode     store.BootMode    `json:"boot_mode,omitempty"`
+	IPv4         string            `json:"ipv4,omitempty"`
+	BootOverride string            `json:"boot_override,omitempty"`
+	Netboot      *bool             `json:"netboot,omitempty"`
+}
+
+// MachinePatch updates intended fields of a machine (PATCH
+// /v1/machines/{id}). ResourceVersion is required and must equal the
+// machine's current one, else 409 "conflict". Absent (null) fields are left
+// as they are; Labels and Intended replace the whole value. State is not
+// patchable: it changes only through actions.
+type MachinePatch struct {
+	ResourceVersion uint64             `json:"resource_version"`
+	Name            *string            `json:"name,omitempty"`
+	Site            *string            `json:"site,omitempty"`
+	Rack            *string            `json:"rack,omitempty"`
+	RackUnit        *int               `json:"rack_unit,omitempty"`
+	Labels          *map[string]string `json:"labels,omitempty"`
+	Intended        *store.Hardware    `json:"intended,omitempty"`
+	RootDisk        *store.DiskRule    `json:"root_disk,omitempty"`
+	Wipe            *bool              `json:"wipe,omitempty"`
+	BootMode        *store.BootMode    `json:"boot_mode,omitempty"`
+	IPv4            *string            `json:"ipv4,omitempty"`
+	BootOverride    *string            `json:"boot_override,omitempty"`
+	Netboot         *bool              `json:"netboot,omitempty"`
+}
+
+// ActionRequest is the optional body of release, erase and inspect: why.
+type ActionRequest struct {
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// ProvisionRequest is POST /v1/machines/{id}/provision. Claim.Image is required.
+type ProvisionRequest struct {
+	Claim  store.Claim `json:"claim"`
+	Reason string      `json:"reason,omitempty"`
+}
+
+// ClaimRequest is POST /v1/machines/claim: claim Count available machines
+// matching Role and Labels and provision them with Claim (Claim.Role is set
+// to Role). All or nothing.
+type ClaimRequest struct {
+	Role   string            `json:"role"`
+	Labels map[string]string `json:"labels,omitempty"`
+	Count  int               `json:"count"`
+	Claim  store.Claim       `json:"claim"`
+	Reason string            `json:"reason,omitempty"`
+}
+
+// ClaimResponse lists the claimed machines.
+type ClaimResponse struct {
+	Items []store.Machine `json:"items"`
+}
+
+// BMCEnrollRequest is POST /v1/machines/{id}/bmc. Password is write-only: it
+// is stored encrypted and never returned by any route. Driver is redfish,
+// ipmi or auto (default auto).
+type BMCEnrollRequest struct {
+	Address     string `json:"address"`
+	Driver      string `json:"driver,omitempty"`
+	Username    string `json:"username"`
+	Password    string `json:"password"`
+	InsecureTLS bool   `json:"insecure_tls,omitempty"`
+	CACertPEM   string `json:"ca_cert_pem,omitempty"`
+}
+
+// ImportResult is the 201 body of POST /v1/machines/import.
+type ImportResult struct {
+	Created int      `json:"created"`
+	IDs     []string `json:"ids"`
+}
+
+// MachineSummary is a short line about one machine (site status failures).
+type MachineSummary struct {
+	ID      string             `json:"id"`
+	Name    string             `json:"name,omitempty"`
+	Rack    string             `json:"rack,omitempty"`
+	State   store.MachineState `json:"state"`
+	Reason  string             `json:"reason,omitempty"`
+	Message string             `json:"message,omitempty"`
+	Updated time.Time          `json:"updated_at"`
+}
+
+// ImageVersion names one catalog image (site status versions).
+type ImageVersion struct {
+	ID      string `json:"id"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	SHA256  string `json:"sha256"`
+}
+
+// SiteStatus is GET /v1/site/status, what central pulls: machine counts by
+// state (every state present, zeros included), up to FailuresInStatus failed
+// machines, the software and image versions, and raft health.
+type SiteStatus struct {
+	Time     time.Time                  `json:"time"`
+	Total    int                        `json:"total"`
+	Counts   map[store.MachineState]int `json:"counts"`
+	Failures []MachineSummary           `json:"failures"`
+	Version  string                     `json:"version"`
+	Images   []ImageVersion             `json:"images"`
+	Raft     Health                     `json:"raft"`
+}
+
+// Status is the body of /healthz and /readyz.
+type Status struct {
+	Status string `json:"status"` // ok | not_ready
+	Leader string `json:"leader,omitempty"`
+}

@@ -1,0 +1,320 @@
+// Package appliance wires Kiln's services together: the replicated store,
+// DHCP, TFTP, HTTP boot, the REST API, BMC control and the lifecycle
+// controller, all started under one context (CONVENTIONS.md rule 2). It adapts
+// the store to the small interfaces the protocol packages declare.
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"kiln/api"
+	"kiln/appliance/lifecycle"
+	"kiln/bmc"
+	"kiln/dhcp"
+	"kiln/httpboot"
+	"kiln/store"
+	"kiln/tftp"
+)
+
+// NewLogger returns the slog logger the config asks for, writing to w.
+func NewLogger(c LogConfig, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// Run starts every service of a validated cfg and blocks until ctx ends or a
+// service fails; it then stops the rest and closes the store. version is
+// reported by /v1/site/status.
+func Run(ctx context.Context, cfg Config, version string) error {
+	log := NewLogger(cfg.Log, os.Stderr)
+	a, err := New(cfg, version, log)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
+
+// Appliance is one node's set of services, built by New and run by Run.
+type Appliance struct {
+	cfg     Config
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	Store   *store.Store
+	life    *lifecycle.Controller
+	api     *api.Server
+	boot    *httpboot.Server
+	bootLn  net.Listener
+	dhcp    *dhcp.Server
+	dhcpB   *dhcpBackend
+	tftp    *tftp.Server
+	version string
+}
+
+// New builds the appliance: it opens the store (a corrupt data file is an
+// error naming it), creates the admin token and site key on first start, and
+// constructs every service. Nothing listens until Run, except the store's raft
+// transport and the boot HTTP listener (bound here so a busy port fails fast).
+func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a := &Appliance{cfg: cfg, log: log, reg: reg, version: version}
+
+	st, err := store.Open(store.Config{
+		NodeID:      cfg.NodeID,
+		DataDir:     filepath.Join(cfg.DataDir, "store"),
+		RaftAddr:    cfg.Raft.Addr,
+		ForwardAddr: cfg.Raft.ForwardAddr,
+		Bootstrap:   cfg.Raft.Bootstrap,
+	}, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	a.Store = st
+	ok := false
+	defer func() {
+		if !ok {
+			a.close()
+		}
+	}()
+
+	key, err := bmc.LoadOrCreateKey(cfg.BMC.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
+	}
+	sealer, err := bmc.NewSealer(key)
+	if err != nil {
+		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
+	}
+	bmcCtl, err := bmc.New(bmc.Config{
+		CallTimeout:        cfg.BMC.Timeout,
+		Retries:            cfg.BMC.Retries,
+		MaxConcurrent:      cfg.BMC.Concurrency,
+		IPMICipherSuite:    cfg.BMC.IPMICipherSuite,
+		IPMIIgnoreValidBit: cfg.BMC.IPMIIgnoreValidBit,
+		Logger:             log.With("component", "bmc"),
+	}, reg)
+	if err != nil {
+		return nil, err
+	}
+
+	catalog, err := httpboot.OpenCatalog(cfg.Boot.ImageDir)
+	if err != nil {
+		return nil, fmt.Errorf("image catalog %s: %w", cfg.Boot.ImageDir, err)
+	}
+	baseURL := "http://" + cfg.Boot.HTTPAddr
+
+	life, err := lifecycle.New(lifecycle.Config{
+		ImageBaseURL:       baseURL,
+		UnknownMachines:    cfg.Boot.UnknownMachines,
+		DefaultStepTimeout: cfg.Lifecycle.StepTimeout,
+		BootTimeout:        cfg.Lifecycle.BootTimeout,
+		MinReadMBps:        cfg.Lifecycle.MinReadMBps,
+		Sealer:             sealerAdapter{sealer},
+		Catalog:            catalogAdapter{catalog},
+	}, st, &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}, reg)
+	if err != nil {
+		return nil, err
+	}
+	a.life = life
+
+	tokens := make([]api.TokenSpec, 0, len(cfg.API.Tokens)+1)
+	admin, err := api.LoadOrCreateAdminToken(cfg.API.AdminTokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("admin token %s: %w", cfg.API.AdminTokenFile, err)
+	}
+	tokens = append(tokens, api.TokenSpec{Name: "admin", Role: api.RoleAdmin, SHA256: api.HashToken(admin)})
+	for _, t := range cfg.API.Tokens {
+		tokens = append(tokens, api.TokenSpec{Name: t.Name, Role: api.Role(t.Role), SHA256: t.SHA256})
+	}
+	apiSrv, err := api.New(api.Config{
+		Addr:    cfg.API.Addr,
+		TLSCert: cfg.API.TLSCert,
+		TLSKey:  cfg.API.TLSKey,
+		Tokens:  tokens,
+		ErrorClasses: []api.ErrorClass{
+			{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
+		},
+	}, &apiBackend{Store: st, Controller: life, version: version}, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	a.api = apiSrv
+
+	a.boot, err = httpboot.New(httpboot.Config{
+		Addr:          cfg.Boot.HTTPAddr,
+		BaseURL:       baseURL,
+		AgentURL:      baseURL,
+		EnvDir:        cfg.Boot.EnvDir,
+		ImageDir:      cfg.Boot.ImageDir,
+		UnknownPolicy: cfg.Boot.UnknownMachines,
+		KernelArgs:    cfg.Boot.KernelArgs,
+	}, &bootBackend{life: life}, reg)
+	if err != nil {
+		return nil, err
+	}
+	if a.bootLn, err = net.Listen("tcp", cfg.Boot.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("boot http %s: %w", cfg.Boot.HTTPAddr, err)
+	}
+
+	if cfg.Boot.Interface != "" {
+		a.tftp, err = tftp.New(tftp.Config{Addr: cfg.Boot.TFTPAddr}, reg)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Boot.DHCP.Enabled {
+		dc := dhcp.DefaultConfig()
+		dc.Interface = cfg.Boot.Interface
+		dc.ServerIP = netip.MustParseAddr(cfg.Boot.ServerIP)
+		dc.Mode = dhcp.Mode(cfg.Boot.DHCP.Mode)
+		if cfg.Boot.DHCP.Port != 0 {
+			dc.ListenPort = cfg.Boot.DHCP.Port
+		}
+		dc.HTTPBootURL = baseURL
+		for _, s := range cfg.Boot.DHCP.Subnets {
+			sn, err := s.dhcpSubnet()
+			if err != nil {
+				return nil, err
+			}
+			dc.Subnets = append(dc.Subnets, sn)
+		}
+		a.dhcpB = &dhcpBackend{
+			st:          st,
+			scriptURL:   func(mac string) string { return baseURL + "/ipxe/" + mac },
+			log:         log.With("component", "dhcp"),
+			discoveries: make(chan discovery, 256),
+		}
+		a.dhcp, err = dhcp.New(dc, a.dhcpB, reg)
+		if err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return a, nil
+}
+
+func (s SubnetConfig) dhcpSubnet() (dhcp.Subnet, error) {
+	var sn dhcp.Subnet
+	var err error
+	if sn.CIDR, err = netip.ParsePrefix(s.CIDR); err != nil {
+		return sn, fmt.Errorf("config: boot.dhcp.subnets cidr: %w", err)
+	}
+	parse := func(key, v string) (netip.Addr, error) {
+		if v == "" {
+			return netip.Addr{}, nil
+		}
+		ip, err := netip.ParseAddr(v)
+		if err != nil {
+			return ip, fmt.Errorf("config: boot.dhcp.subnets %s: %w", key, err)
+		}
+		return ip, nil
+	}
+	if sn.Router, err = parse("router", s.Router); err != nil {
+		return sn, err
+	}
+	if sn.PoolStart, err = parse("pool_start", s.PoolStart); err != nil {
+		return sn, err
+	}
+	if sn.PoolEnd, err = parse("pool_end", s.PoolEnd); err != nil {
+		return sn, err
+	}
+	for _, d := range s.DNS {
+		ip, err := parse("dns", d)
+		if err != nil {
+			return sn, err
+		}
+		sn.DNS = append(sn.DNS, ip)
+	}
+	sn.LeaseTime = s.LeaseTime
+	return sn, nil
+}
+
+// Registry is the appliance's Prometheus registry (served at /metrics).
+func (a *Appliance) Registry() *prometheus.Registry { return a.reg }
+
+// Run serves until ctx ends or a service fails, then stops everything and
+// closes the store.
+func (a *Appliance) Run(ctx context.Context) error {
+	defer a.close()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.Store.Run(ctx, a.log.With("component", "store")) })
+	g.Go(func() error { return a.life.Run(ctx, a.log.With("component", "lifecycle")) })
+	g.Go(func() error { return a.api.Run(ctx, a.log.With("component", "api")) })
+	g.Go(func() error { return a.serveBoot(ctx) })
+	if a.tftp != nil {
+		g.Go(func() error { return a.tftp.Run(ctx, a.log.With("component", "tftp")) })
+	}
+	if a.dhcp != nil {
+		g.Go(func() error { return a.dhcpB.runDiscoveries(ctx) })
+		g.Go(func() error { return a.dhcp.Run(ctx, a.log.With("component", "dhcp")) })
+	}
+	a.log.Info("kiln appliance started", "node", a.cfg.NodeID, "version", a.version,
+		"api", a.cfg.API.Addr, "boot_http", a.cfg.Boot.HTTPAddr, "interface", a.cfg.Boot.Interface,
+		"dhcp", a.dhcp != nil, "tftp", a.tftp != nil, "data_dir", a.cfg.DataDir)
+	err := g.Wait()
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// serveBoot serves the provisioning network's HTTP: the agent endpoints of the
+// REST API under /v1/agent/ (the in-RAM agent reaches the appliance here), and
+// everything else from httpboot (scripts, environment, images, iPXE).
+func (a *Appliance) serveBoot(ctx context.Context) error {
+	apiH := a.api.Handler()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/agent/") {
+			apiH.ServeHTTP(w, r)
+			return
+		}
+		a.boot.ServeHTTP(w, r)
+	})
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(a.bootLn) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("boot http: %w", err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-errc
+		return nil
+	}
+}
+
+func (a *Appliance) close() {
+	if a.bootLn != nil {
+		_ = a.bootLn.Close()
+	}
+	if a.Store != nil {
+		if err := a.Store.Close(); err != nil {
+			a.log.Warn("closing store", "err", err)
+		}
+	}
+}

@@ -1,0 +1,261 @@
+package appliance
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Defaults of the embedded configuration (`kiln serve` with no --config).
+const (
+	DefaultNodeID       = "kiln-1"
+	DefaultDataDir      = "/var/lib/kiln"
+	DefaultAPIAddr      = "127.0.0.1:7480"
+	DefaultRaftAddr     = "127.0.0.1:7481"
+	DefaultForwardAddr  = "127.0.0.1:7482"
+	DefaultBootHTTPPort = 8080
+	DefaultLeaseTime    = time.Hour
+	DefaultLogLevel     = "info"
+	DefaultLogFormat    = "text"
+	DefaultUnknown      = "discover"
+)
+
+// Config is the appliance's whole configuration. Decoded from YAML with
+// unknown keys rejected (LoadConfig); Validate checks values separately.
+type Config struct {
+	NodeID    string          `yaml:"node_id"`
+	DataDir   string          `yaml:"data_dir"`
+	Log       LogConfig       `yaml:"log"`
+	API       APIConfig       `yaml:"api"`
+	Raft      RaftConfig      `yaml:"raft"`
+	Boot      BootConfig      `yaml:"boot"`
+	BMC       BMCConfig       `yaml:"bmc"`
+	Lifecycle LifecycleConfig `yaml:"lifecycle"`
+}
+
+// LogConfig selects slog's level (debug|info|warn|error) and format (text|json).
+type LogConfig struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// APIConfig is the admin REST API listener. TLS is used when both TLSCert and
+// TLSKey are set. AdminTokenFile (default DATA_DIR/admin.token) holds the
+// bootstrap admin token, created 0600 on first start.
+type APIConfig struct {
+	Addr           string      `yaml:"addr"`
+	TLSCert        string      `yaml:"tls_cert"`
+	TLSKey         string      `yaml:"tls_key"`
+	AdminTokenFile string      `yaml:"admin_token_file"`
+	Tokens         []TokenSpec `yaml:"tokens"`
+}
+
+// TokenSpec is an API token held as its SHA-256 (hex) with a role
+// (admin|operator|viewer).
+type TokenSpec struct {
+	Name   string `yaml:"name"`
+	Role   string `yaml:"role"`
+	SHA256 string `yaml:"sha256"`
+}
+
+// RaftConfig places this node in the site's raft group. With Bootstrap (the
+// default) a node with empty state forms a one-node cluster; Join names an
+// existing member's API URL to join through instead.
+type RaftConfig struct {
+	Addr        string `yaml:"addr"`
+	ForwardAddr string `yaml:"forward_addr"`
+	Bootstrap   bool   `yaml:"bootstrap"`
+}
+
+// BootConfig is the provisioning network: DHCP, TFTP and HTTP boot. With no
+// Interface, DHCP and TFTP stay off and HTTP boot listens on HTTPAddr only.
+type BootConfig struct {
+	Interface string `yaml:"interface"`
+	// ServerIP is this node's address on the provisioning network; replies and
+	// boot URLs carry it.
+	ServerIP string `yaml:"server_ip"`
+	// HTTPAddr is the boot HTTP listener (iPXE scripts, in-RAM environment,
+	// images, agent API). Default SERVER_IP:8080.
+	HTTPAddr string `yaml:"http_addr"`
+	// TFTPAddr defaults to SERVER_IP:69 when Interface is set.
+	TFTPAddr string     `yaml:"tftp_addr"`
+	DHCP     DHCPConfig `yaml:"dhcp"`
+	// EnvDir holds the in-RAM environment (vmlinuz, initramfs). Default DATA_DIR/env.
+	EnvDir string `yaml:"env_dir"`
+	// ImageDir holds the image catalog. Default DATA_DIR/images.
+	ImageDir string `yaml:"image_dir"`
+	// UnknownMachines is the policy for MACs no record knows: discover | exit.
+	UnknownMachines string `yaml:"unknown_machines"`
+	// KernelArgs are added to the in-RAM environment's kernel command line
+	// (e.g. console=ttyS0,115200).
+	KernelArgs []string `yaml:"kernel_args"`
+}
+
+// DHCPConfig selects the DHCP mode and the subnets served.
+type DHCPConfig struct {
+	Enabled bool           `yaml:"enabled"`
+	Mode    string         `yaml:"mode"` // authoritative | proxy
+	Port    int            `yaml:"port"` // 67 unless testing
+	Subnets []SubnetConfig `yaml:"subnets"`
+}
+
+// SubnetConfig is one IPv4 subnet (RFC 2131: chosen by giaddr for relayed
+// requests, by the ingress interface otherwise).
+type SubnetConfig struct {
+	CIDR      string        `yaml:"cidr"`
+	Router    string        `yaml:"router"`
+	DNS       []string      `yaml:"dns"`
+	PoolStart string        `yaml:"pool_start"`
+	PoolEnd   string        `yaml:"pool_end"`
+	LeaseTime time.Duration `yaml:"lease_time"`
+}
+
+// BMCConfig sets BMC call limits and the site key that seals credentials.
+type BMCConfig struct {
+	KeyFile     string        `yaml:"key_file"` // default DATA_DIR/site.key
+	Timeout     time.Duration `yaml:"timeout"`
+	Retries     int           `yaml:"retries"`
+	Concurrency int           `yaml:"concurrency"`
+	// IPMICipherSuite is ipmitool's -C (e.g. "3" for OpenIPMI's ipmi_sim); "" = ipmitool's default.
+	IPMICipherSuite string `yaml:"ipmi_cipher_suite"`
+	// IPMIIgnoreValidBit accepts a boot-flags read-back without the "valid" bit
+	// (BMCs such as ipmi_sim that keep only the device selector).
+	IPMIIgnoreValidBit bool `yaml:"ipmi_ignore_valid_bit"`
+}
+
+// LifecycleConfig holds the controller's policies.
+type LifecycleConfig struct {
+	// StepTimeout bounds each gated-build step; past it the machine fails with reason timeout.
+	StepTimeout time.Duration `yaml:"step_timeout"`
+	// BootTimeout bounds the wait from a power action to the agent's first report.
+	BootTimeout time.Duration `yaml:"boot_timeout"`
+	// MinReadMBps is the check step's sequential-read floor (MB/s); 0 = none.
+	MinReadMBps float64 `yaml:"min_read_mbps"`
+}
+
+// DefaultConfig is the embedded default: a single self-bootstrapping node.
+func DefaultConfig() Config {
+	return Config{
+		NodeID:  DefaultNodeID,
+		DataDir: DefaultDataDir,
+		Log:     LogConfig{Level: DefaultLogLevel, Format: DefaultLogFormat},
+		API:     APIConfig{Addr: DefaultAPIAddr},
+		Raft:    RaftConfig{Addr: DefaultRaftAddr, ForwardAddr: DefaultForwardAddr, Bootstrap: true},
+		Boot: BootConfig{
+			UnknownMachines: DefaultUnknown,
+			DHCP:            DHCPConfig{Mode: "authoritative", Port: 67},
+		},
+		BMC:       BMCConfig{Timeout: 20 * time.Second, Retries: 3, Concurrency: 32},
+		Lifecycle: LifecycleConfig{StepTimeout: 30 * time.Minute},
+	}
+}
+
+var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
+
+// LoadConfig reads a YAML file over DefaultConfig. An unknown key is an error
+// naming the key and its line.
+func LoadConfig(path string) (Config, error) {
+	cfg := DefaultConfig()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		if m := unknownField.FindStringSubmatch(err.Error()); m != nil {
+			return cfg, fmt.Errorf("config %s: line %s: unknown key %q (in %s); check its spelling against deploy/examples/kiln.yaml", path, m[1], m[2], strings.TrimPrefix(m[3], "appliance."))
+		}
+		return cfg, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Validate checks values and fills derived defaults (paths under DataDir,
+// boot listener addresses). It returns the first problem, naming the key.
+func (c *Config) Validate() error {
+	if c.NodeID == "" {
+		return errors.New("config: node_id must not be empty")
+	}
+	if c.DataDir == "" {
+		return errors.New("config: data_dir must not be empty")
+	}
+	if c.API.Addr == "" {
+		return errors.New("config: api.addr must not be empty")
+	}
+	if c.API.AdminTokenFile == "" {
+		c.API.AdminTokenFile = c.DataDir + "/admin.token"
+	}
+	if c.BMC.KeyFile == "" {
+		c.BMC.KeyFile = c.DataDir + "/site.key"
+	}
+	if c.Boot.EnvDir == "" {
+		c.Boot.EnvDir = c.DataDir + "/env"
+	}
+	if c.Boot.ImageDir == "" {
+		c.Boot.ImageDir = c.DataDir + "/images"
+	}
+	switch c.Boot.UnknownMachines {
+	case "discover", "exit":
+	default:
+		return fmt.Errorf("config: boot.unknown_machines %q: want discover or exit", c.Boot.UnknownMachines)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("config: log.level %q: want debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		return fmt.Errorf("config: log.format %q: want text or json", c.Log.Format)
+	}
+	if c.Boot.ServerIP != "" {
+		if _, err := netip.ParseAddr(c.Boot.ServerIP); err != nil {
+			return fmt.Errorf("config: boot.server_ip: %w", err)
+		}
+	}
+	host := c.Boot.ServerIP
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if c.Boot.HTTPAddr == "" {
+		c.Boot.HTTPAddr = fmt.Sprintf("%s:%d", host, DefaultBootHTTPPort)
+	}
+	if c.Boot.Interface != "" {
+		if c.Boot.ServerIP == "" {
+			return errors.New("config: boot.server_ip is required when boot.interface is set")
+		}
+		if c.Boot.TFTPAddr == "" {
+			c.Boot.TFTPAddr = c.Boot.ServerIP + ":69"
+		}
+	}
+	if c.Boot.DHCP.Enabled {
+		if c.Boot.Interface == "" {
+			return errors.New("config: boot.dhcp.enabled needs boot.interface")
+		}
+		if c.Boot.DHCP.Mode != "authoritative" && c.Boot.DHCP.Mode != "proxy" {
+			return fmt.Errorf("config: boot.dhcp.mode %q: want authoritative or proxy", c.Boot.DHCP.Mode)
+		}
+		if c.Boot.DHCP.Mode == "authoritative" && len(c.Boot.DHCP.Subnets) == 0 {
+			return errors.New("config: boot.dhcp.subnets: authoritative mode needs at least one subnet")
+		}
+		for i, s := range c.Boot.DHCP.Subnets {
+			if _, err := netip.ParsePrefix(s.CIDR); err != nil {
+				return fmt.Errorf("config: boot.dhcp.subnets[%d].cidr: %w", i, err)
+			}
+			if s.LeaseTime == 0 {
+				c.Boot.DHCP.Subnets[i].LeaseTime = DefaultLeaseTime
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,388 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"kiln/api/agentapi"
+	"kiln/store"
+)
+
+// buildSteps is the gated build's order (DESIGN.md "The gated build").
+var buildSteps = []string{agentapi.StepCheck, agentapi.StepWrite, agentapi.StepVerify,
+	agentapi.StepStage, agentapi.StepFinalize, agentapi.StepReboot}
+
+var knownSteps = map[string]bool{agentapi.StepInspect: true, agentapi.StepErase: true}
+
+func init() {
+	for _, s := range buildSteps {
+		knownSteps[s] = true
+	}
+}
+
+func (c *Controller) seen(id string) {
+	c.mu.Lock()
+	c.lastSeen[id] = c.now()
+	c.mu.Unlock()
+}
+
+// agentAlive reports whether the machine's agent was heard from within AgentStaleAfter.
+func (c *Controller) agentAlive(id string) bool {
+	c.mu.Lock()
+	t, ok := c.lastSeen[id]
+	c.mu.Unlock()
+	return ok && c.now().Sub(t) <= c.cfg.AgentStaleAfter
+}
+
+// AgentRegister handles the agent's first message (POST /v1/agent/register):
+// it records the discovered hardware, moves registered/discovered machines
+// to inspecting, computes the intended-vs-discovered diff and moves an
+// inspecting machine to available (no blocking difference) or quarantined
+// (reason hardware_mismatch). It returns the agent's next task: provision
+// when a claim is already waiting, erase while erasing, else wait.
+// Errors: ErrMachineMismatch, store.ErrNotFound, store errors.
+func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg agentapi.Registration) (agentapi.Task, error) {
+	if reg.MachineID != "" && reg.MachineID != machineID {
+		return agentapi.Task{}, fmt.Errorf("%w: token for %s, registration for %s", ErrMachineMismatch, machineID, reg.MachineID)
+	}
+	c.seen(machineID)
+	now := c.now()
+	hw := hardwareFrom(reg.Inventory)
+	var extra []store.FieldDiff // MACs the store holds for other machines
+	record := func(m *store.Machine) error {
+		d := hw
+		m.Discovered = &d
+		m.Diff = append(computeDiff(*m, hw, c.cfg.DiffPolicy, c.cfg.MemoryTolerance), extra...)
+		switch m.State {
+		case store.StateRegistered, store.StateDiscovered:
+			m.State = store.StateInspecting
+			m.Reason, m.Message = ReasonAgentRegistered, ""
+			m.Step = &store.StepStatus{Step: agentapi.StepInspect, State: string(agentapi.StateSucceeded), At: now}
+		case store.StateProvisioning:
+			if m.Step != nil && m.Step.State != stepPending {
+				// The agent rebooted in the middle of the build.
+				m.State = store.StateFailed
+				m.Reason = ReasonAgentRestarted
+				m.Message = fmt.Sprintf("agent registered again during step %s", m.Step.Step)
+			}
+		}
+		return nil
+	}
+	w := store.W{Actor: ActorController}
+	m, err := c.update(ctx, machineID, w, record)
+	if errors.Is(err, store.ErrDuplicateMAC) {
+		// A discovered MAC belongs to another machine's record (swapped NIC
+		// or cabling): keep the machine's own MACs and block on the rest.
+		var keep []store.NIC
+		for _, n := range hw.NICs {
+			if other, gerr := c.st.MachineByMAC(n.MAC); gerr == nil && other.ID != machineID {
+				extra = append(extra, store.FieldDiff{Field: FieldNICs, Intended: "", Discovered: n.MAC + " (recorded on machine " + other.ID + ")",
+					Blocking: c.cfg.DiffPolicy[FieldNICs] != PolicyIgnore})
+				continue
+			}
+			keep = append(keep, n)
+		}
+		hw.NICs = keep
+		m, err = c.update(ctx, machineID, w, record)
+	}
+	if err != nil {
+		return agentapi.Task{}, err
+	}
+	switch m.State {
+	case store.StateInspecting:
+		if m, err = c.finishInspection(ctx, m.ID); err != nil {
+			return agentapi.Task{}, err
+		}
+	case store.StateAvailable:
+		if len(blocking(m.Diff)) > 0 {
+			// Hardware changed since inspection: inspect again, then quarantine.
+			if _, err = c.transition(ctx, "reinspect", m.ID, []store.MachineState{store.StateAvailable}, store.StateInspecting,
+				store.W{Actor: ActorController, Reason: "hardware_changed"}, nil); err != nil {
+				return agentapi.Task{}, err
+			}
+			if m, err = c.finishInspection(ctx, m.ID); err != nil {
+				return agentapi.Task{}, err
+			}
+		}
+	}
+	return c.AgentTask(ctx, machineID)
+}
+
+// finishInspection moves an inspecting machine to available or quarantined by its stored Diff.
+func (c *Controller) finishInspection(ctx context.Context, id string) (store.Machine, error) {
+	return c.update(ctx, id, store.W{Actor: ActorController}, func(m *store.Machine) error {
+		if m.State != store.StateInspecting || m.Discovered == nil {
+			return errNoChange
+		}
+		if b := blocking(m.Diff); len(b) > 0 {
+			m.State = store.StateQuarantined
+			m.Reason = ReasonHardwareMismatch
+			m.Message = "blocking difference in " + strings.Join(b, ", ")
+		} else {
+			m.State = store.StateAvailable
+			m.Reason, m.Message = ReasonInspectionPassed, ""
+		}
+		if m.Step != nil {
+			m.Step.Deadline = time.Time{}
+		}
+		return nil
+	})
+}
+
+// AgentTask answers the agent's poll (GET /v1/agent/task): an available
+// machine with a claim moves to provisioning (reason build_started) and gets
+// the provision task; a provisioning machine whose build has not started
+// gets it again; erasing gets erase; inspecting (requested again) gets
+// inspect; retired gets poweroff; anything else waits.
+func (c *Controller) AgentTask(ctx context.Context, machineID string) (agentapi.Task, error) {
+	c.seen(machineID)
+	m, err := c.st.GetMachine(machineID)
+	if err != nil {
+		return agentapi.Task{}, fmt.Errorf("lifecycle: agent task %s: %w", machineID, err)
+	}
+	wait := agentapi.Task{Action: agentapi.ActionWait, PollAfter: c.cfg.AgentPollAfter}
+	switch m.State {
+	case store.StateAvailable:
+		if m.Claim == nil {
+			return wait, nil
+		}
+		img, err := c.st.GetImage(m.Claim.Image)
+		if err != nil {
+			c.logger().Warn("claimed image missing", "machine", m.ID, "image", m.Claim.Image, "err", err)
+			return wait, nil
+		}
+		now := c.now()
+		m, err = c.update(ctx, m.ID, store.W{Actor: ActorController, Reason: ReasonBuildStarted}, func(m *store.Machine) error {
+			if m.State != store.StateAvailable || m.Claim == nil {
+				return errNoChange
+			}
+			m.State = store.StateProvisioning
+			m.Reason, m.Message = ReasonBuildStarted, ""
+			m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
+			return nil
+		})
+		if err != nil {
+			return agentapi.Task{}, err
+		}
+		if m.State != store.StateProvisioning {
+			return wait, nil
+		}
+		return c.provisionTask(m, img), nil
+	case store.StateProvisioning:
+		if m.Step == nil || m.Step.State != stepPending || m.Claim == nil {
+			return wait, nil
+		}
+		img, err := c.st.GetImage(m.Claim.Image)
+		if err != nil {
+			return agentapi.Task{}, fmt.Errorf("lifecycle: machine %s image %s: %w", m.ID, m.Claim.Image, err)
+		}
+		return c.provisionTask(m, img), nil
+	case store.StateErasing:
+		if m.Step != nil && m.Step.Step == agentapi.StepErase && m.Step.State != stepPending {
+			return wait, nil
+		}
+		return agentapi.Task{Action: agentapi.ActionErase, PollAfter: c.cfg.AgentPollAfter, Heartbeat: c.cfg.AgentHeartbeat,
+			Disk: agentapi.DiskRule(m.RootDisk), Wipe: true}, nil
+	case store.StateInspecting:
+		if m.Step != nil && m.Step.Step == agentapi.StepInspect && m.Step.State == stepPending {
+			return agentapi.Task{Action: agentapi.ActionInspect, PollAfter: c.cfg.AgentPollAfter}, nil
+		}
+		return wait, nil
+	case store.StateRetired:
+		return agentapi.Task{Action: agentapi.ActionPowerOff}, nil
+	}
+	return wait, nil
+}
+
+// provisionTask builds the gated build's instructions for m and img.
+func (c *Controller) provisionTask(m store.Machine, img store.Image) agentapi.Task {
+	cl := m.Claim
+	format := img.Format
+	if format == "" {
+		format = "raw"
+	}
+	host := cl.Hostname
+	if host == "" {
+		host = m.Name
+	}
+	if host == "" {
+		host = m.ID
+	}
+	labels := map[string]string{}
+	for k, v := range m.Labels {
+		labels[k] = v
+	}
+	for k, v := range cl.Labels {
+		labels[k] = v
+	}
+	if cl.Role != "" {
+		labels["kiln.io/role"] = cl.Role
+	}
+	instance := m.ID
+	if m.Step != nil {
+		instance += "-" + strconv.FormatInt(m.Step.At.Unix(), 10)
+	}
+	return agentapi.Task{
+		Action:    agentapi.ActionProvision,
+		PollAfter: c.cfg.AgentPollAfter,
+		Heartbeat: c.cfg.AgentHeartbeat,
+		Disk:      agentapi.DiskRule(m.RootDisk),
+		Wipe:      m.Wipe,
+		Image: &agentapi.ImageRef{
+			URL:    c.cfg.ImageBaseURL + "/images/" + url.PathEscape(img.Name),
+			SHA256: img.SHA256, Size: img.Size, Format: format,
+		},
+		Stage: &agentapi.StageData{
+			Hostname: host, InstanceID: instance, UserData: cl.UserData, NetworkConfig: cl.NetworkConfig,
+			SSHKeys: cl.SSHKeys, CABundle: cl.CABundle, JoinData: cl.JoinData, Labels: labels,
+		},
+		MinReadMBps: c.cfg.MinReadMBps,
+		Reboot:      true,
+	}
+}
+
+func validReport(rep agentapi.Report) error {
+	if !knownSteps[rep.Step] {
+		return fmt.Errorf("%w: step %q", ErrBadReport, rep.Step)
+	}
+	switch rep.State {
+	case agentapi.StateStarted, agentapi.StateRunning, agentapi.StateSucceeded, agentapi.StateFailed:
+	default:
+		return fmt.Errorf("%w: state %q", ErrBadReport, rep.State)
+	}
+	if rep.Reason != agentapi.ReasonNone {
+		ok := false
+		for _, r := range agentapi.Reasons {
+			ok = ok || r == rep.Reason
+		}
+		if !ok {
+			return fmt.Errorf("%w: reason %q", ErrBadReport, rep.Reason)
+		}
+	}
+	return nil
+}
+
+// AgentReport records one step report (POST /v1/agent/report): a "step"
+// event (message sanitised, truncated to agentapi.MaxMessageLen bytes),
+// Machine.Step with the step's deadline, and the resulting transition:
+// failed → machine failed (reason = the report's reason); finalize or reboot
+// succeeded while provisioning → provisioned (build_complete); erase
+// succeeded while erasing → available (erase_complete). Errors:
+// ErrMachineMismatch, ErrBadReport, store.ErrNotFound, store errors.
+func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agentapi.Report) error {
+	if rep.MachineID != "" && rep.MachineID != machineID {
+		return fmt.Errorf("%w: token for %s, report for %s", ErrMachineMismatch, machineID, rep.MachineID)
+	}
+	if err := validReport(rep); err != nil {
+		return err
+	}
+	if math.IsNaN(rep.Progress) || rep.Progress < 0 {
+		rep.Progress = 0
+	} else if rep.Progress > 1 {
+		rep.Progress = 1
+	}
+	msg := truncate(sanitize(rep.Message), agentapi.MaxMessageLen)
+	if _, err := c.st.GetMachine(machineID); err != nil {
+		return fmt.Errorf("lifecycle: agent report %s: %w", machineID, err)
+	}
+	c.seen(machineID)
+	now := c.now()
+	evMsg := rep.Step
+	if msg != "" {
+		evMsg += ": " + msg
+	}
+	if err := c.st.AppendEvents(ctx, []store.Event{{Subject: "machine/" + machineID, Kind: "step", Actor: ActorAgent,
+		To: string(rep.State), Reason: string(rep.Reason), Message: evMsg}}); err != nil {
+		return fmt.Errorf("lifecycle: record step event for %s: %w", machineID, err)
+	}
+	c.observeStep(machineID, rep, now)
+	_, err := c.update(ctx, machineID, store.W{Actor: ActorController}, func(m *store.Machine) error {
+		prev := m.Step
+		st := &store.StepStatus{Step: rep.Step, State: string(rep.State), Reason: string(rep.Reason),
+			Message: msg, Progress: rep.Progress, At: now}
+		switch rep.State {
+		case agentapi.StateStarted:
+			st.Deadline = c.stepDeadline(rep.Step, now)
+		case agentapi.StateRunning:
+			if prev != nil && prev.Step == rep.Step && prev.State != stepPending && !prev.Deadline.IsZero() {
+				st.Deadline = prev.Deadline
+			} else {
+				st.Deadline = c.stepDeadline(rep.Step, now)
+			}
+		case agentapi.StateSucceeded:
+			if m.State == store.StateProvisioning {
+				if next := nextStep(rep.Step); next != "" {
+					st.Deadline = c.stepDeadline(next, now) // the gap to the next step's start counts too
+				}
+			}
+		}
+		m.Step = st
+		switch {
+		case rep.State == agentapi.StateFailed && stepBelongs(m.State, rep.Step):
+			m.State = store.StateFailed
+			m.Reason = string(rep.Reason)
+			if m.Reason == "" {
+				m.Reason = string(agentapi.ReasonInternal)
+			}
+			m.Message = rep.Step + ": " + msg
+		case rep.State == agentapi.StateSucceeded && m.State == store.StateProvisioning &&
+			(rep.Step == agentapi.StepFinalize || rep.Step == agentapi.StepReboot):
+			m.State = store.StateProvisioned
+			m.Reason, m.Message = ReasonBuildComplete, ""
+			m.Step.Deadline = time.Time{}
+		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase:
+			m.State = store.StateAvailable
+			m.Reason, m.Message = ReasonEraseComplete, ""
+			m.Claim = nil
+			m.Step.Deadline = time.Time{}
+		}
+		return nil
+	})
+	return err
+}
+
+// stepBelongs reports whether step is one the agent runs in state: inspect
+// while inspecting, the build steps while provisioning, erase while
+// erasing. A failure of any other step is recorded but moves nothing.
+func stepBelongs(state store.MachineState, step string) bool {
+	switch state {
+	case store.StateInspecting:
+		return step == agentapi.StepInspect
+	case store.StateProvisioning:
+		return nextStep(step) != "" || step == agentapi.StepReboot
+	case store.StateErasing:
+		return step == agentapi.StepErase
+	}
+	return false
+}
+
+func nextStep(step string) string {
+	for i, s := range buildSteps {
+		if s == step && i+1 < len(buildSteps) {
+			return buildSteps[i+1]
+		}
+	}
+	return ""
+}
+
+// observeStep feeds the step-duration histogram (started → succeeded/failed).
+func (c *Controller) observeStep(id string, rep agentapi.Report, now time.Time) {
+	key := id + "/" + rep.Step
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch rep.State {
+	case agentapi.StateStarted:
+		c.started[key] = now
+	case agentapi.StateSucceeded, agentapi.StateFailed:
+		if t, ok := c.started[key]; ok {
+			delete(c.started, key)
+			c.m.steps.WithLabelValues(rep.Step, string(rep.State)).Observe(now.Sub(t).Seconds())
+		}
+	}
+}

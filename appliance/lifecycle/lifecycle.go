@@ -1,0 +1,454 @@
+package lifecycle
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kiln/store"
+)
+
+// Errors of package lifecycle. Store errors (store.ErrNotFound,
+// store.ErrConflict, store.ErrNotLeader, *store.IllegalTransitionError) are
+// passed through wrapped with %w.
+var (
+	// ErrWrongState: the operation does not apply to the machine's current
+	// state (the concrete error is *StateError naming the state).
+	ErrWrongState = errors.New("lifecycle: machine is in the wrong state for this operation")
+	// ErrInvalid: an argument is malformed; the message names the field.
+	ErrInvalid = errors.New("lifecycle: invalid argument")
+	// ErrNotEnough: ClaimMachines found fewer matching available machines than asked.
+	ErrNotEnough = errors.New("lifecycle: not enough available machines")
+	// ErrMachineMismatch: an agent message names a machine other than the one its token is for.
+	ErrMachineMismatch = errors.New("lifecycle: agent message names another machine")
+	// ErrBadReport: an agent report carries an unknown step, state or reason.
+	ErrBadReport = errors.New("lifecycle: malformed agent report")
+	// ErrImageInUse: the image is named by a claim of a machine.
+	ErrImageInUse = errors.New("lifecycle: image is used by a machine claim")
+	// ErrNoSealer: EnrollBMC needs Config.Sealer.
+	ErrNoSealer = errors.New("lifecycle: no credential sealer configured")
+	// ErrNoCatalog: UploadImage needs Config.Catalog.
+	ErrNoCatalog = errors.New("lifecycle: no image catalog configured")
+	// ErrDigest: the uploaded image's SHA-256 differs from the declared one.
+	ErrDigest = errors.New("lifecycle: image digest mismatch")
+	// ErrConfig: Config.Validate failed; the message names the field.
+	ErrConfig = errors.New("lifecycle: invalid config")
+)
+
+// StateError is returned (wrapping ErrWrongState) when an operation does
+// not apply to the machine's current state.
+type StateError struct {
+	Op      string
+	Machine string
+	State   store.MachineState
+	Want    []store.MachineState
+}
+
+func (e *StateError) Error() string {
+	want := make([]string, len(e.Want))
+	for i, s := range e.Want {
+		want[i] = string(s)
+	}
+	return fmt.Sprintf("lifecycle: %s machine %s: state is %s, want %s", e.Op, e.Machine, e.State, strings.Join(want, " or "))
+}
+
+// Unwrap makes errors.Is(err, ErrWrongState) true.
+func (e *StateError) Unwrap() error { return ErrWrongState }
+
+// Store is the part of *store.Store the controller uses (signatures per the
+// store contract; see store package docs for errors).
+type Store interface {
+	IsLeader() bool
+	GetMachine(id string) (store.Machine, error)
+	MachineByMAC(mac string) (store.Machine, error)
+	ListMachines(opt store.ListOptions) ([]store.Machine, string, error)
+	PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)
+	PutMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error)
+	GetBMC(id string) (store.BMC, error)
+	PutBMC(ctx context.Context, b store.BMC, w store.W) (store.BMC, error)
+	PutSecret(ctx context.Context, key string, sealed []byte, w store.W) error
+	GetImage(id string) (store.Image, error)
+	ListImages() ([]store.Image, error)
+	PutImage(ctx context.Context, im store.Image, w store.W) (store.Image, error)
+	DeleteImage(ctx context.Context, id string, w store.W) error
+	PutJob(ctx context.Context, j store.Job, w store.W) (store.Job, error)
+	AppendEvents(ctx context.Context, evs []store.Event) error
+	CountByState() (map[store.MachineState]int, error)
+}
+
+// BMC drives a machine's baseboard management controller. Implemented by the
+// appliance's adapter over kiln/bmc and the sealed credentials. Every method
+// returns when done or when ctx ends.
+type BMC interface {
+	PowerOn(ctx context.Context, machineID string) error
+	// PowerCycle resets a machine that is on and powers on one that is off.
+	PowerCycle(ctx context.Context, machineID string) error
+	PowerOff(ctx context.Context, machineID string) error
+	// SetNextBootPXE sets a one-time network boot in mode and reads it back.
+	SetNextBootPXE(ctx context.Context, machineID string, mode store.BootMode) error
+}
+
+// Sealer encrypts a secret (a BMC password) for storage.
+type Sealer interface {
+	Seal(plain []byte) ([]byte, error)
+}
+
+// CatalogEntry is a stored image file: Name, Size in bytes, SHA256 hex of its bytes.
+type CatalogEntry struct {
+	Name   string
+	Size   int64
+	SHA256 string
+}
+
+// Catalog stores image files served under ImageBaseURL + "/images/" + name.
+// Upload streams r to the file; when wantSHA256 is not empty a mismatch is
+// an error and nothing is kept; size < 0 means unknown.
+type Catalog interface {
+	Upload(ctx context.Context, name string, r io.Reader, wantSHA256 string, size int64) (CatalogEntry, error)
+}
+
+// catalogDeleter is optionally implemented by a Catalog; DeleteImage uses it.
+type catalogDeleter interface {
+	Delete(ctx context.Context, name string) error
+}
+
+// Policy is the action on an intended-vs-discovered difference in one field.
+type Policy string
+
+// Diff policies.
+const (
+	PolicyBlock  Policy = "block"  // quarantine the machine
+	PolicyWarn   Policy = "warn"   // record the difference only
+	PolicyIgnore Policy = "ignore" // do not compare
+)
+
+// Diff fields (keys of Config.DiffPolicy).
+const (
+	FieldSerial   = "serial"
+	FieldNICs     = "nics"  // every intended MAC must be present (set compare)
+	FieldDisks    = "disks" // count of non-removable disks
+	FieldMemory   = "memory"
+	FieldCPUs     = "cpus"
+	FieldVendor   = "vendor"
+	FieldModel    = "model"
+	FieldRootDisk = "root_disk" // RootDisk.Serial/WWN present among discovered disks
+)
+
+// DefaultDiffPolicy is the policy of fields Config.DiffPolicy does not name.
+func DefaultDiffPolicy() map[string]Policy {
+	return map[string]Policy{
+		FieldSerial: PolicyBlock, FieldNICs: PolicyBlock, FieldDisks: PolicyBlock, FieldRootDisk: PolicyBlock,
+		FieldMemory: PolicyWarn, FieldCPUs: PolicyWarn, FieldVendor: PolicyWarn, FieldModel: PolicyWarn,
+	}
+}
+
+// Unknown-machine policies (Config.UnknownMachines), as in appliance config.
+const (
+	UnknownDiscover = "discover" // create a discovered record and boot the agent
+	UnknownExit     = "exit"     // iPXE exits to the local disk; nothing recorded
+)
+
+// Inspection policies (Config.Inspection).
+const (
+	InspectAuto   = "auto"   // registered machines with a BMC are powered into inspection
+	InspectManual = "manual" // only Inspect (or the agent registering) starts it
+)
+
+// Defaults (named so the appliance's config docs can cite them).
+const (
+	DefaultInterval        = 2 * time.Second
+	DefaultWorkers         = 8
+	DefaultBMCTimeout      = 60 * time.Second
+	DefaultBMCBackoff      = 30 * time.Second
+	DefaultBMCMaxBackoff   = 10 * time.Minute
+	DefaultBootTimeout     = 15 * time.Minute // power action / claim → agent's first report
+	DefaultStepTimeout     = 30 * time.Minute // a step without its own entry in StepDeadlines
+	DefaultAgentPollAfter  = 5 * time.Second
+	DefaultAgentHeartbeat  = 30 * time.Second
+	DefaultMemoryTolerance = 0.05 // discovered memory may be this fraction below intended
+)
+
+// DefaultStepDeadlines are the per-step deadlines (from a step's start)
+// used for steps Config.StepDeadlines does not name.
+func DefaultStepDeadlines() map[string]time.Duration {
+	return map[string]time.Duration{
+		"inspect": 15 * time.Minute, "check": 10 * time.Minute, "write": 60 * time.Minute,
+		"verify": 60 * time.Minute, "stage": 5 * time.Minute, "finalize": 5 * time.Minute,
+		"reboot": 10 * time.Minute, "erase": 4 * time.Hour,
+	}
+}
+
+// Config is the controller's configuration. Zero values take the defaults above.
+type Config struct {
+	// ImageBaseURL is the appliance's boot HTTP base (http://host[:port]);
+	// images are fetched from ImageBaseURL + "/images/" + Image.Name. Required.
+	ImageBaseURL string
+	// UnknownMachines is UnknownDiscover (default) or UnknownExit.
+	UnknownMachines string
+	// Inspection is InspectAuto (default) or InspectManual.
+	Inspection string
+	// DiffPolicy overrides DefaultDiffPolicy per field.
+	DiffPolicy map[string]Policy
+	// StepDeadlines overrides DefaultStepDeadlines per step (from the step's start).
+	StepDeadlines map[string]time.Duration
+	// DefaultStepTimeout bounds steps with no deadline of their own.
+	DefaultStepTimeout time.Duration
+	// BootTimeout bounds the wait from a power action or build start to the agent's first report.
+	BootTimeout time.Duration
+	// Interval is the loop period: deadline checks, auto-inspection, gauges.
+	Interval time.Duration
+	// Workers bounds concurrent BMC job sequences.
+	Workers int
+	// BMCTimeout bounds one BMC call.
+	BMCTimeout time.Duration
+	// BMCBackoff is the first retry delay after a failed auto-inspection (doubling to BMCMaxBackoff).
+	BMCBackoff, BMCMaxBackoff time.Duration
+	// AgentPollAfter and AgentHeartbeat are handed to the agent in every Task.
+	AgentPollAfter, AgentHeartbeat time.Duration
+	// AgentStaleAfter: an agent not heard from for this long is presumed gone
+	// (a claim then power-cycles the machine when it has a BMC). Default 3×AgentPollAfter.
+	AgentStaleAfter time.Duration
+	// MinReadMBps is the check step's disk read floor (MB/s); 0 = none.
+	MinReadMBps float64
+	// MemoryTolerance: discovered memory may be this fraction below intended without a diff.
+	MemoryTolerance float64
+	// Sealer encrypts BMC passwords (EnrollBMC). Catalog stores image files (UploadImage).
+	Sealer  Sealer
+	Catalog Catalog
+	// Now and Rand are the clock and randomness (tests); default time.Now and crypto/rand.
+	Now  func() time.Time
+	Rand io.Reader
+}
+
+// Validate checks Config values (after defaults are applied by New).
+func (c *Config) Validate() error {
+	u, err := url.Parse(c.ImageBaseURL)
+	if c.ImageBaseURL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: ImageBaseURL %q: want http(s)://host[:port]", ErrConfig, c.ImageBaseURL)
+	}
+	switch c.UnknownMachines {
+	case UnknownDiscover, UnknownExit:
+	default:
+		return fmt.Errorf("%w: UnknownMachines %q: want discover or exit", ErrConfig, c.UnknownMachines)
+	}
+	switch c.Inspection {
+	case InspectAuto, InspectManual:
+	default:
+		return fmt.Errorf("%w: Inspection %q: want auto or manual", ErrConfig, c.Inspection)
+	}
+	for f, p := range c.DiffPolicy {
+		if _, ok := DefaultDiffPolicy()[f]; !ok {
+			return fmt.Errorf("%w: DiffPolicy field %q unknown", ErrConfig, f)
+		}
+		switch p {
+		case PolicyBlock, PolicyWarn, PolicyIgnore:
+		default:
+			return fmt.Errorf("%w: DiffPolicy[%s] %q: want block, warn or ignore", ErrConfig, f, p)
+		}
+	}
+	for s, d := range c.StepDeadlines {
+		if d <= 0 {
+			return fmt.Errorf("%w: StepDeadlines[%s] must be > 0", ErrConfig, s)
+		}
+	}
+	if c.MemoryTolerance < 0 || c.MemoryTolerance >= 1 {
+		return fmt.Errorf("%w: MemoryTolerance %v: want 0 <= x < 1", ErrConfig, c.MemoryTolerance)
+	}
+	return nil
+}
+
+func (c *Config) applyDefaults() {
+	c.ImageBaseURL = strings.TrimRight(c.ImageBaseURL, "/")
+	if c.UnknownMachines == "" {
+		c.UnknownMachines = UnknownDiscover
+	}
+	if c.Inspection == "" {
+		c.Inspection = InspectAuto
+	}
+	pol := DefaultDiffPolicy()
+	for k, v := range c.DiffPolicy {
+		pol[k] = v
+	}
+	c.DiffPolicy = pol
+	dl := DefaultStepDeadlines()
+	for k, v := range c.StepDeadlines {
+		dl[k] = v
+	}
+	c.StepDeadlines = dl
+	setDur := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
+	}
+	setDur(&c.DefaultStepTimeout, DefaultStepTimeout)
+	setDur(&c.BootTimeout, DefaultBootTimeout)
+	setDur(&c.Interval, DefaultInterval)
+	setDur(&c.BMCTimeout, DefaultBMCTimeout)
+	setDur(&c.BMCBackoff, DefaultBMCBackoff)
+	setDur(&c.BMCMaxBackoff, DefaultBMCMaxBackoff)
+	setDur(&c.AgentPollAfter, DefaultAgentPollAfter)
+	setDur(&c.AgentHeartbeat, DefaultAgentHeartbeat)
+	setDur(&c.AgentStaleAfter, 3*c.AgentPollAfter)
+	if c.Workers <= 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.MemoryTolerance == 0 {
+		c.MemoryTolerance = DefaultMemoryTolerance
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+}
+
+// Controller is the lifecycle controller. Its methods are safe for
+// concurrent use; Run drives the leader-only loop and the BMC workers.
+type Controller struct {
+	cfg Config
+	st  Store
+	bmc BMC
+	m   *metrics
+
+	mu       sync.Mutex
+	queue    []bmcWork          // BMC job sequences waiting for a worker
+	inflight map[string]bool    // machine IDs with a queued or running sequence
+	backoff  map[string]backoff // auto-inspection retry state per machine
+	lastSeen map[string]time.Time
+	started  map[string]time.Time // machineID + "/" + step → start (step durations)
+	wake     chan struct{}
+	log      *slog.Logger
+}
+
+type backoff struct {
+	next  time.Time
+	delay time.Duration
+}
+
+// New returns a controller over st and bmc (bmc may be nil: no machine is
+// then driven by BMC). reg may be nil (metrics unregistered). Errors:
+// ErrConfig, or the registry's error on a duplicate registration.
+func New(cfg Config, st Store, bmc BMC, reg *prometheus.Registry) (*Controller, error) {
+	if st == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrConfig)
+	}
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Controller{
+		cfg: cfg, st: st, bmc: bmc, m: m,
+		inflight: map[string]bool{}, backoff: map[string]backoff{},
+		lastSeen: map[string]time.Time{}, started: map[string]time.Time{},
+		wake: make(chan struct{}, 1),
+		log:  slog.New(slog.DiscardHandler),
+	}, nil
+}
+
+// Run drives the controller until ctx ends: every Interval, while the store
+// is leader, it starts auto-inspection, fails machines past a step
+// deadline and refreshes the state gauge; Workers goroutines run BMC job
+// sequences. It returns nil when ctx ends.
+func (c *Controller) Run(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "lifecycle")
+	c.mu.Lock()
+	c.log = log
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for i := 0; i < c.cfg.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.worker(ctx)
+		}()
+	}
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		if c.st.IsLeader() {
+			if err := c.Tick(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("lifecycle tick", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			c.signal() // wake workers so they see ctx end
+			wg.Wait()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Tick runs one pass of the loop (deadlines, auto-inspection, gauges). Run
+// calls it every Interval on the leader; tests call it directly.
+func (c *Controller) Tick(ctx context.Context) error {
+	var errs []error
+	if err := c.checkDeadlines(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if c.cfg.Inspection == InspectAuto && c.bmc != nil {
+		if err := c.autoInspect(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if counts, err := c.st.CountByState(); err == nil {
+		for _, s := range store.AllStates {
+			c.m.machines.WithLabelValues(string(s)).Set(float64(counts[s]))
+		}
+	} else {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Controller) logger() *slog.Logger {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.log
+}
+
+func (c *Controller) now() time.Time { return c.cfg.Now().UTC() }
+
+// stepDeadline is the deadline of a step started at t.
+func (c *Controller) stepDeadline(step string, t time.Time) time.Time {
+	d, ok := c.cfg.StepDeadlines[step]
+	if !ok {
+		d = c.cfg.DefaultStepTimeout
+	}
+	return t.Add(d)
+}
+
+// listAll pages through ListMachines.
+func (c *Controller) listAll(opt store.ListOptions) ([]store.Machine, error) {
+	var out []store.Machine
+	opt.Limit = 1000
+	for {
+		items, next, err := c.st.ListMachines(opt)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, items...)
+		if next == "" || len(items) == 0 {
+			return out, nil
+		}
+		opt.After = next
+	}
+}

@@ -1,0 +1,479 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"kiln/appliance/intake"
+	"kiln/store"
+)
+
+// Import parses r (format csv|json|netbox, see package intake) and creates
+// every row as a registered machine in one all-or-nothing store command.
+// A MAC already recorded on a stored machine is a bad row. Errors:
+// *intake.ErrRows (line and field of every bad row; nothing imported),
+// intake.ErrFormat, intake.ErrEmpty, store errors.
+func (c *Controller) Import(ctx context.Context, r io.Reader, format string, w store.W) (intake.Result, error) {
+	rows, err := intake.ParseRows(r, format)
+	if err != nil {
+		return intake.Result{}, err
+	}
+	var bad []intake.RowError
+	ms := make([]store.Machine, len(rows))
+	for i, row := range rows {
+		for _, n := range row.Machine.Intended.NICs {
+			if other, err := c.st.MachineByMAC(n.MAC); err == nil {
+				bad = append(bad, intake.RowError{Line: row.Line, Field: "macs",
+					Msg: fmt.Sprintf("mac %s already belongs to machine %s (%s)", n.MAC, other.ID, other.Name)})
+			} else if !errors.Is(err, store.ErrNotFound) {
+				return intake.Result{}, fmt.Errorf("lifecycle: import: look up %s: %w", n.MAC, err)
+			}
+		}
+		ms[i] = row.Machine
+	}
+	if len(bad) > 0 {
+		return intake.Result{}, &intake.ErrRows{Rows: bad}
+	}
+	out, err := c.st.PutMachines(ctx, ms, withDefaults(w, "imported"))
+	if err != nil {
+		return intake.Result{}, fmt.Errorf("lifecycle: import %d machines: %w", len(ms), err)
+	}
+	res := intake.Result{Created: len(out), IDs: make([]string, len(out))}
+	for i, m := range out {
+		res.IDs[i] = m.ID
+	}
+	return res, nil
+}
+
+var hostnameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+
+// checkClaim validates a claim and that its image exists.
+func (c *Controller) checkClaim(cl store.Claim) error {
+	if cl.Image == "" {
+		return fmt.Errorf("%w: claim.image is required", ErrInvalid)
+	}
+	if _, err := c.st.GetImage(cl.Image); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("%w: claim.image: no image %q", ErrInvalid, cl.Image)
+		}
+		return err
+	}
+	if cl.Hostname != "" && (len(cl.Hostname) > 253 || !hostnameRe.MatchString(cl.Hostname)) {
+		return fmt.Errorf("%w: claim.hostname %q: want a lower-case DNS name", ErrInvalid, cl.Hostname)
+	}
+	return nil
+}
+
+// Provision places claim c on available machine id (its agent then starts
+// the gated build, see AgentTask). When the machine's agent has not been
+// heard from recently and the machine has a BMC, it is PXE-booted
+// (boot_pxe, power_cycle jobs). Errors: ErrInvalid (claim), *StateError
+// (not available, or already claimed), store errors.
+func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w store.W) (store.Machine, error) {
+	if err := c.checkClaim(cl); err != nil {
+		return store.Machine{}, err
+	}
+	w = withDefaults(w, ReasonClaimed)
+	m, err := c.update(ctx, id, w, func(m *store.Machine) error {
+		if m.State != store.StateAvailable {
+			return &StateError{Op: "provision", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable}}
+		}
+		if m.Claim != nil {
+			return &StateError{Op: "provision (already claimed)", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable}}
+		}
+		claim := cl
+		m.Claim = &claim
+		return nil
+	})
+	if err != nil {
+		return m, err
+	}
+	c.wakeForClaim(ctx, m)
+	return m, nil
+}
+
+// wakeForClaim PXE-boots a claimed machine whose agent is not running.
+func (c *Controller) wakeForClaim(ctx context.Context, m store.Machine) {
+	if m.BMC == "" || c.bmc == nil || c.agentAlive(m.ID) {
+		return
+	}
+	id := m.ID
+	if _, err := c.enqueuePXEBoot(ctx, m, func(ctx context.Context, err error) {
+		if err != nil {
+			c.logger().Warn("power claimed machine", "machine", id, "err", err)
+		}
+	}); err != nil {
+		c.logger().Warn("queue power for claimed machine", "machine", id, "err", err)
+	}
+}
+
+// maxClaim bounds ClaimMachines' n.
+const maxClaim = 1000
+
+// ClaimMachines claims n available, unclaimed machines whose labels match
+// labels (all-or-nothing, one store command), each with claim cl and Role
+// role. Machines are picked across racks round-robin (fewest per rack),
+// then by ID. Errors: ErrInvalid, ErrNotEnough, store errors.
+func (c *Controller) ClaimMachines(ctx context.Context, role string, labels map[string]string, n int, cl store.Claim, w store.W) ([]store.Machine, error) {
+	if n < 1 || n > maxClaim {
+		return nil, fmt.Errorf("%w: n %d: want 1..%d", ErrInvalid, n, maxClaim)
+	}
+	if err := c.checkClaim(cl); err != nil {
+		return nil, err
+	}
+	w = withDefaults(w, ReasonClaimed)
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		avail, err := c.listAll(store.ListOptions{State: store.StateAvailable, Labels: labels})
+		if err != nil {
+			return nil, err
+		}
+		var free []store.Machine
+		for _, m := range avail {
+			if m.Claim == nil && m.State == store.StateAvailable && matchLabels(m.Labels, labels) {
+				free = append(free, m)
+			}
+		}
+		if len(free) < n {
+			return nil, fmt.Errorf("%w: want %d with labels %v, %d free", ErrNotEnough, n, labels, len(free))
+		}
+		picked := spreadPick(free, n)
+		for i := range picked {
+			claim := cl
+			claim.Role = role
+			picked[i].Claim = &claim
+		}
+		out, err := c.st.PutMachines(ctx, picked, w)
+		if errors.Is(err, store.ErrConflict) {
+			last = err
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lifecycle: claim %d machines: %w", n, err)
+		}
+		for _, m := range out {
+			c.wakeForClaim(ctx, m)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("lifecycle: claim %d machines: %w", n, last)
+}
+
+func matchLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// spreadPick takes n machines round-robin over racks (racks in name order,
+// machines by ID), so a claim does not concentrate on one rack.
+func spreadPick(ms []store.Machine, n int) []store.Machine {
+	byRack := map[string][]store.Machine{}
+	var racks []string
+	for _, m := range ms {
+		if _, ok := byRack[m.Rack]; !ok {
+			racks = append(racks, m.Rack)
+		}
+		byRack[m.Rack] = append(byRack[m.Rack], m)
+	}
+	sort.Strings(racks)
+	for _, r := range racks {
+		l := byRack[r]
+		sort.Slice(l, func(i, j int) bool { return l[i].ID < l[j].ID })
+	}
+	out := make([]store.Machine, 0, n)
+	for i := 0; len(out) < n; i++ {
+		for _, r := range racks {
+			if i < len(byRack[r]) && len(out) < n {
+				out = append(out, byRack[r][i])
+			}
+		}
+	}
+	return out
+}
+
+// Release gives a machine back: provisioned or failed → erasing (reason
+// released; the claim is dropped, the agent erases the disks, then the
+// machine is available again). An available machine whose build has not
+// started just loses its claim. With a BMC the machine is PXE-booted.
+// Errors: *StateError, store errors.
+func (c *Controller) Release(ctx context.Context, id string, w store.W) (store.Machine, error) {
+	w = withDefaults(w, ReasonReleased)
+	cur, err := c.st.GetMachine(id)
+	if err != nil {
+		return store.Machine{}, fmt.Errorf("lifecycle: release %s: %w", id, err)
+	}
+	if cur.State == store.StateAvailable && cur.Claim != nil {
+		return c.update(ctx, id, w, func(m *store.Machine) error {
+			if m.State != store.StateAvailable {
+				return &StateError{Op: "release", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable}}
+			}
+			m.Claim = nil
+			return nil
+		})
+	}
+	return c.startErase(ctx, "release", id, []store.MachineState{store.StateProvisioned, store.StateFailed}, w)
+}
+
+// Erase moves an available, failed, quarantined or provisioned machine to
+// erasing (reason erase_requested); the agent wipes its disks, then it is
+// available. Errors: *StateError, store errors.
+func (c *Controller) Erase(ctx context.Context, id string, w store.W) (store.Machine, error) {
+	return c.startErase(ctx, "erase", id, []store.MachineState{store.StateAvailable, store.StateFailed,
+		store.StateQuarantined, store.StateProvisioned}, withDefaults(w, ReasonEraseRequested))
+}
+
+func (c *Controller) startErase(ctx context.Context, op, id string, from []store.MachineState, w store.W) (store.Machine, error) {
+	now := c.now()
+	wasAvailable := false
+	m, err := c.transition(ctx, op, id, from, store.StateErasing, w, func(m *store.Machine) {
+		wasAvailable = m.State == store.StateAvailable
+		m.Claim = nil
+		m.Step = pendingStep("erase", now, now.Add(c.cfg.BootTimeout))
+	})
+	if err != nil {
+		return m, err
+	}
+	if !(wasAvailable && c.agentAlive(id)) {
+		c.powerIntoAgent(ctx, m, store.StateErasing)
+	}
+	return m, nil
+}
+
+// Inspect (re)inspects a machine: registered, discovered, available
+// (unclaimed), failed or quarantined → inspecting (reason
+// inspection_requested). A running agent is told to inspect; with a BMC the
+// machine is PXE-booted. Errors: *StateError, store errors.
+func (c *Controller) Inspect(ctx context.Context, id string, w store.W) (store.Machine, error) {
+	w = withDefaults(w, ReasonInspectionRequested)
+	now := c.now()
+	from := []store.MachineState{store.StateRegistered, store.StateDiscovered, store.StateAvailable, store.StateFailed, store.StateQuarantined}
+	m, err := c.update(ctx, id, w, func(m *store.Machine) error {
+		if !hasState(from, m.State) {
+			return &StateError{Op: "inspect", Machine: id, State: m.State, Want: from}
+		}
+		if m.Claim != nil && m.State == store.StateAvailable {
+			return &StateError{Op: "inspect (claimed; release first)", Machine: id, State: m.State, Want: from}
+		}
+		m.State = store.StateInspecting
+		m.Reason, m.Message = w.Reason, w.Message
+		m.Step = pendingStep("inspect", now, now.Add(c.cfg.BootTimeout))
+		return nil
+	})
+	if err != nil {
+		return m, err
+	}
+	if !c.agentAlive(id) {
+		c.powerIntoAgent(ctx, m, store.StateInspecting)
+	}
+	return m, nil
+}
+
+// powerIntoAgent PXE-boots m through its BMC (if any); a BMC failure fails
+// the machine if it is still waiting in state.
+func (c *Controller) powerIntoAgent(ctx context.Context, m store.Machine, state store.MachineState) {
+	if m.BMC == "" || c.bmc == nil {
+		return
+	}
+	if _, err := c.enqueuePXEBoot(ctx, m, c.powerDone(m.ID, state)); err != nil {
+		c.logger().Warn("queue power", "machine", m.ID, "err", err)
+	}
+}
+
+// BMC drivers accepted by EnrollBMC.
+var bmcDrivers = map[string]bool{"redfish": true, "ipmi": true, "auto": true}
+
+// EnrollBMC records b for machine machineID: password is sealed with
+// Config.Sealer and stored with PutSecret under "bmc/<machineID>"
+// (b.CredentialRef), the BMC record is created or updated, and the machine
+// points at it. The password is never stored or returned in clear.
+// Errors: ErrNoSealer, ErrInvalid (address, driver, username, password),
+// store errors.
+func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BMC, password string, w store.W) (store.BMC, error) {
+	if c.cfg.Sealer == nil {
+		return store.BMC{}, ErrNoSealer
+	}
+	if b.Driver == "" {
+		b.Driver = "auto"
+	}
+	if !bmcDrivers[b.Driver] {
+		return store.BMC{}, fmt.Errorf("%w: driver %q: want redfish, ipmi or auto", ErrInvalid, b.Driver)
+	}
+	if err := checkAddress(b.Address); err != nil {
+		return store.BMC{}, fmt.Errorf("%w: address %q: %v", ErrInvalid, b.Address, err)
+	}
+	if b.Username == "" {
+		return store.BMC{}, fmt.Errorf("%w: username is required", ErrInvalid)
+	}
+	if password == "" {
+		return store.BMC{}, fmt.Errorf("%w: password is required", ErrInvalid)
+	}
+	m, err := c.st.GetMachine(machineID)
+	if err != nil {
+		return store.BMC{}, fmt.Errorf("lifecycle: enroll BMC for %s: %w", machineID, err)
+	}
+	w = withDefaults(w, "bmc_enrolled")
+	b.ID, b.ResourceVersion = "", 0
+	if m.BMC != "" {
+		old, err := c.st.GetBMC(m.BMC)
+		if err == nil {
+			b.ID, b.ResourceVersion = old.ID, old.ResourceVersion
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return store.BMC{}, err
+		}
+	}
+	pw := []byte(password)
+	sealed, err := c.cfg.Sealer.Seal(pw)
+	clear(pw)
+	if err != nil {
+		return store.BMC{}, fmt.Errorf("lifecycle: seal BMC credential: %w", err)
+	}
+	key := "bmc/" + machineID
+	if err := c.st.PutSecret(ctx, key, sealed, w); err != nil {
+		return store.BMC{}, fmt.Errorf("lifecycle: store BMC credential: %w", err)
+	}
+	b.CredentialRef = key
+	out, err := c.st.PutBMC(ctx, b, w)
+	if err != nil {
+		return store.BMC{}, fmt.Errorf("lifecycle: store BMC: %w", err)
+	}
+	if m.BMC != out.ID {
+		if _, err := c.update(ctx, machineID, w, func(m *store.Machine) error {
+			m.BMC = out.ID
+			return nil
+		}); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func checkAddress(a string) error {
+	host := a
+	if h, p, err := net.SplitHostPort(a); err == nil {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return errors.New("bad port")
+		}
+		host = h
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil
+	}
+	if host == "" || len(host) > 253 || !hostnameRe.MatchString(strings.ToLower(host)) {
+		return errors.New("want host or host:port")
+	}
+	return nil
+}
+
+var imageNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// UploadImage streams r into the catalog under meta.Name and records the
+// image. Format raw (default): meta.SHA256, when given, must equal the
+// bytes' digest; Size and SHA256 are taken from what was stored. Format
+// gzip|zstd: meta.SHA256 and meta.Size must state the raw (decompressed)
+// digest and size the agent verifies after writing. A name already in the
+// catalog is a conflict (images are pinned; upload a new name). Errors:
+// ErrNoCatalog, ErrInvalid, ErrDigest, store.ErrConflict, the catalog's error.
+func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error) {
+	if c.cfg.Catalog == nil {
+		return store.Image{}, ErrNoCatalog
+	}
+	if !imageNameRe.MatchString(meta.Name) {
+		return store.Image{}, fmt.Errorf("%w: name %q: letters, digits, '.', '_', '-' (max 128)", ErrInvalid, meta.Name)
+	}
+	meta.SHA256 = strings.ToLower(strings.TrimSpace(meta.SHA256))
+	if meta.SHA256 != "" {
+		if b, err := hex.DecodeString(meta.SHA256); err != nil || len(b) != 32 {
+			return store.Image{}, fmt.Errorf("%w: sha256 %q: want 64 hex digits", ErrInvalid, meta.SHA256)
+		}
+	}
+	if meta.Format == "" {
+		meta.Format = "raw"
+	}
+	switch meta.Format {
+	case "raw":
+	case "gzip", "zstd":
+		if meta.SHA256 == "" || meta.Size == 0 {
+			return store.Image{}, fmt.Errorf("%w: a %s image needs sha256 and size_bytes of its raw content", ErrInvalid, meta.Format)
+		}
+	default:
+		return store.Image{}, fmt.Errorf("%w: format %q: want raw, gzip or zstd", ErrInvalid, meta.Format)
+	}
+	imgs, err := c.st.ListImages()
+	if err != nil {
+		return store.Image{}, err
+	}
+	for _, im := range imgs {
+		if im.Name == meta.Name {
+			return store.Image{}, fmt.Errorf("lifecycle: image name %q is image %s: %w", meta.Name, im.ID, store.ErrConflict)
+		}
+	}
+	want, size := "", int64(-1)
+	if meta.Format == "raw" {
+		want = meta.SHA256
+		if meta.Size > 0 {
+			size = int64(meta.Size)
+		}
+	}
+	ent, err := c.cfg.Catalog.Upload(ctx, meta.Name, r, want, size)
+	if err != nil {
+		return store.Image{}, fmt.Errorf("lifecycle: upload image %s: %w", meta.Name, err)
+	}
+	if meta.Format == "raw" {
+		if want != "" && !strings.EqualFold(ent.SHA256, want) {
+			return store.Image{}, fmt.Errorf("%w: declared %s, stored %s", ErrDigest, want, ent.SHA256)
+		}
+		meta.SHA256, meta.Size = strings.ToLower(ent.SHA256), uint64(ent.Size)
+	}
+	if meta.Source == "" {
+		meta.Source = "upload"
+	}
+	meta.ID, meta.ResourceVersion = "", 0
+	out, err := c.st.PutImage(ctx, meta, withDefaults(w, "image_uploaded"))
+	if err != nil {
+		return store.Image{}, fmt.Errorf("lifecycle: record image %s: %w", meta.Name, err)
+	}
+	return out, nil
+}
+
+// DeleteImage deletes image id unless an available or provisioning
+// machine's claim names it (ErrImageInUse); the catalog file is removed
+// when the Catalog supports Delete. Errors: ErrImageInUse, store errors.
+func (c *Controller) DeleteImage(ctx context.Context, id string, w store.W) error {
+	img, err := c.st.GetImage(id)
+	if err != nil {
+		return fmt.Errorf("lifecycle: delete image %s: %w", id, err)
+	}
+	for _, s := range []store.MachineState{store.StateAvailable, store.StateProvisioning} {
+		ms, err := c.listAll(store.ListOptions{State: s})
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if m.Claim != nil && m.Claim.Image == id {
+				return fmt.Errorf("%w: image %s is claimed by machine %s (%s)", ErrImageInUse, id, m.ID, m.State)
+			}
+		}
+	}
+	if err := c.st.DeleteImage(ctx, id, withDefaults(w, "image_deleted")); err != nil {
+		return fmt.Errorf("lifecycle: delete image %s: %w", id, err)
+	}
+	if d, ok := c.cfg.Catalog.(catalogDeleter); ok {
+		if err := d.Delete(ctx, img.Name); err != nil {
+			return fmt.Errorf("lifecycle: image %s deleted, catalog file %s kept: %w", id, img.Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,831 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"kiln/api/agentapi"
+	"kiln/cmd/kiln-agent/inventory"
+)
+
+// Defaults (named so Config zero values are explicit).
+const (
+	DefaultPollAfter     = 5 * time.Second
+	DefaultHeartbeat     = 10 * time.Second
+	DefaultRetries       = 6
+	DefaultRetryBase     = 500 * time.Millisecond
+	DefaultRetryMax      = 10 * time.Second
+	DefaultMaxResumes    = 5
+	DefaultStallTimeout  = 30 * time.Second
+	DefaultStageSize     = 16 << 20 // cidata partition, bytes
+	DefaultReadTestBytes = 64 << 20
+	DefaultHTTPTimeout   = 30 * time.Second // per appliance call (not image streams)
+	writeBufSize         = 4 << 20
+	eraseCheckBytes      = 1 << 20
+)
+
+// Version is reported at registration.
+var Version = "dev"
+
+// Config configures an Agent. URL, MachineID and Token come from the kernel command line
+// (agentapi.ArgURL etc.).
+type Config struct {
+	URL       string
+	MachineID string
+	Token     string
+	// HTTP is used for appliance calls and image streams; nil = a client without overall
+	// timeout (image streams are long) whose appliance calls are bounded by DefaultHTTPTimeout.
+	HTTP *http.Client
+	// Root is the file system root for inventory ("/" when empty).
+	Root string
+	// Console receives human progress lines ("kiln-agent: step write 43%"); nil = discard.
+	Console io.Writer
+	// ListDisks lists candidate disks; nil = inventory.Disks(Root) with DiskHealth filled in.
+	ListDisks func() ([]agentapi.Disk, error)
+	// Reboot ends the run: reboot(2) with RB_AUTOBOOT (true) or RB_POWER_OFF (false) after sync.
+	// nil = the real syscall. If it returns, Run returns its error (nil in tests).
+	Reboot func(reboot bool) error
+	// Retries, RetryBase, RetryMax bound appliance-call retries (exponential backoff).
+	Retries   int
+	RetryBase time.Duration
+	RetryMax  time.Duration
+	// MaxResumes bounds Range resumptions of one image stream.
+	MaxResumes int
+	// StallTimeout: an image stream that delivers no byte for this long is dropped and
+	// resumed (counts against MaxResumes).
+	StallTimeout time.Duration
+	// StageSize is the cidata partition size in bytes.
+	StageSize int64
+	// ReadTestBytes is how much the check step reads for the speed test.
+	ReadTestBytes int64
+}
+
+// Agent runs the protocol of agentapi against one appliance.
+type Agent struct {
+	cfg Config
+	log *slog.Logger
+	mu  sync.Mutex // serialises console lines
+}
+
+// New returns an Agent with defaults filled in.
+func New(cfg Config) (*Agent, error) {
+	if cfg.URL == "" || cfg.MachineID == "" {
+		return nil, fmt.Errorf("%w: %s and %s are required", ErrBadTask, agentapi.ArgURL, agentapi.ArgMachine)
+	}
+	cfg.URL = strings.TrimRight(cfg.URL, "/")
+	if cfg.HTTP == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.ResponseHeaderTimeout = DefaultHTTPTimeout
+		tr.Proxy = nil // the appliance is on the provisioning LAN
+		cfg.HTTP = &http.Client{Transport: tr}
+	}
+	if cfg.Root == "" {
+		cfg.Root = "/"
+	}
+	if cfg.Console == nil {
+		cfg.Console = io.Discard
+	}
+	if cfg.ListDisks == nil {
+		root := cfg.Root
+		cfg.ListDisks = func() ([]agentapi.Disk, error) { return listDisksWithHealth(root) }
+	}
+	if cfg.Reboot == nil {
+		cfg.Reboot = SysReboot
+	}
+	if cfg.Retries <= 0 {
+		cfg.Retries = DefaultRetries
+	}
+	if cfg.RetryBase <= 0 {
+		cfg.RetryBase = DefaultRetryBase
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = DefaultRetryMax
+	}
+	if cfg.MaxResumes <= 0 {
+		cfg.MaxResumes = DefaultMaxResumes
+	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = DefaultStallTimeout
+	}
+	if cfg.StageSize <= 0 {
+		cfg.StageSize = DefaultStageSize
+	}
+	if cfg.ReadTestBytes <= 0 {
+		cfg.ReadTestBytes = DefaultReadTestBytes
+	}
+	return &Agent{cfg: cfg}, nil
+}
+
+func (a *Agent) say(format string, args ...any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	fmt.Fprintf(a.cfg.Console, "kiln-agent: "+format+"\n", args...)
+}
+
+// call does one JSON request with retries and exponential backoff. out may be nil.
+func (a *Agent) call(ctx context.Context, method, path string, in, out any) error {
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return err
+		}
+	}
+	delay := a.cfg.RetryBase
+	var last error
+	for i := 0; i < a.cfg.Retries; i++ {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, a.cfg.RetryMax)
+		}
+		last = a.callOnce(ctx, method, path, body, out)
+		if last == nil || ctx.Err() != nil {
+			return last
+		}
+		var perm permanentError
+		if errors.As(last, &perm) {
+			return last
+		}
+	}
+	return fmt.Errorf("%w: %s %s: %v", ErrAppliance, method, path, last)
+}
+
+type permanentError struct{ error }
+
+func (a *Agent) callOnce(ctx context.Context, method, path string, body []byte, out any) error {
+	cctx, cancel := context.WithTimeout(ctx, DefaultHTTPTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, method, a.cfg.URL+path, bytes.NewReader(body))
+	if err != nil {
+		return permanentError{err}
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.cfg.Token)
+	}
+	resp, err := a.cfg.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+		err := fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
+		if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusRequestTimeout {
+			return permanentError{err}
+		}
+		return err
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
+}
+
+// report sends one step report (retried). Message is truncated to agentapi.MaxMessageLen.
+func (a *Agent) report(ctx context.Context, r agentapi.Report) error {
+	r.MachineID = a.cfg.MachineID
+	r.Message = sanitize(r.Message)
+	switch r.State {
+	case agentapi.StateFailed:
+		a.say("step %s failed: %s: %s", r.Step, r.Reason, r.Message)
+	case agentapi.StateSucceeded:
+		a.say("step %s done %s", r.Step, r.Message)
+	case agentapi.StateStarted:
+		a.say("step %s started", r.Step)
+	}
+	return a.call(ctx, http.MethodPost, "/v1/agent/report", r, nil)
+}
+
+// progress tracks one long step: heartbeat reports every interval and console lines at
+// every 10% boundary.
+type progress struct {
+	a        *Agent
+	step     string
+	frac     atomic.Uint64 // math.Float64bits is overkill: store per-mille
+	lastTen  atomic.Int64
+	stop     chan struct{}
+	done     chan struct{}
+	interval time.Duration
+}
+
+func (a *Agent) startProgress(ctx context.Context, step string, interval time.Duration) *progress {
+	if interval <= 0 {
+		interval = DefaultHeartbeat
+	}
+	p := &progress{a: a, step: step, stop: make(chan struct{}), done: make(chan struct{}), interval: interval}
+	p.lastTen.Store(-1)
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				pm := p.frac.Load()
+				_ = a.report(ctx, agentapi.Report{Step: step, State: agentapi.StateRunning, Progress: float64(pm) / 1000,
+					Message: fmt.Sprintf("%d%%", pm/10)})
+			}
+		}
+	}()
+	return p
+}
+
+func (p *progress) set(f float64) {
+	if f < 0 {
+		f = 0
+	}
+	if f > 1 {
+		f = 1
+	}
+	pm := uint64(f * 1000)
+	p.frac.Store(pm)
+	ten := int64(pm / 100)
+	if old := p.lastTen.Load(); ten > old && p.lastTen.CompareAndSwap(old, ten) {
+		p.a.say("step %s %d%%", p.step, ten*10)
+	}
+}
+
+func (p *progress) end() {
+	close(p.stop)
+	<-p.done
+}
+
+// Run registers (sending the inventory), then polls for tasks and carries them out until
+// ctx ends or a provision/poweroff task ends in Config.Reboot. Appliance errors after all
+// retries are retried again after PollAfter; Run only returns on ctx end or reboot.
+func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
+	a.log = log.With("component", "agent")
+	inv, err := inventory.Collect(a.cfg.Root)
+	if err != nil {
+		a.log.Warn("inventory incomplete", "err", err)
+	}
+	if disks, derr := a.cfg.ListDisks(); derr == nil {
+		inv.Disks = disks
+	}
+	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20, len(inv.Disks), len(inv.NICs))
+	var task agentapi.Task
+	for {
+		err := a.call(ctx, http.MethodPost, "/v1/agent/register", agentapi.Registration{
+			MachineID: a.cfg.MachineID, AgentVersion: Version, Inventory: inv}, &task)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		a.say("register failed: %v", err)
+		if !sleepCtx(ctx, DefaultPollAfter) {
+			return ctx.Err()
+		}
+	}
+	a.say("registered with %s", a.cfg.URL)
+	for {
+		a.say("task %s", task.Action)
+		switch task.Action {
+		case agentapi.ActionProvision:
+			written, err := a.Provision(ctx, &task)
+			if err == nil {
+				_ = a.report(ctx, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateStarted})
+				a.say("provisioned %s sha256=%s; rebooting=%v", written["disk"], written["sha256"], task.Reboot)
+				return a.cfg.Reboot(task.Reboot)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		case agentapi.ActionErase:
+			_ = a.Erase(ctx, &task)
+		case agentapi.ActionPowerOff:
+			a.say("powering off")
+			return a.cfg.Reboot(false)
+		}
+		poll := task.PollAfter
+		if poll <= 0 {
+			poll = DefaultPollAfter
+		}
+		if task.Action != agentapi.ActionWait && task.Action != agentapi.ActionInspect {
+			poll = min(poll, time.Second)
+		}
+		if !sleepCtx(ctx, poll) {
+			return ctx.Err()
+		}
+		var next agentapi.Task
+		if err := a.call(ctx, http.MethodGet, "/v1/agent/task", nil, &next); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			a.say("poll failed: %v", err)
+			task = agentapi.Task{Action: agentapi.ActionWait, PollAfter: poll}
+			continue
+		}
+		task = next
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// step runs fn between a started report and a succeeded/failed one. fn's *StepError gives
+// the reason; any other error is internal_error.
+func (a *Agent) step(ctx context.Context, name string, fn func() (string, error)) error {
+	_ = a.report(ctx, agentapi.Report{Step: name, State: agentapi.StateStarted})
+	msg, err := fn()
+	if err != nil {
+		var se *StepError
+		if !errors.As(err, &se) {
+			se = &StepError{Step: name, Reason: agentapi.ReasonInternal, Err: err}
+		}
+		if ctx.Err() != nil {
+			se.Reason = agentapi.ReasonTimeout
+		}
+		_ = a.report(ctx, agentapi.Report{Step: name, State: agentapi.StateFailed, Reason: se.Reason, Message: se.Err.Error()})
+		return se
+	}
+	_ = a.report(ctx, agentapi.Report{Step: name, State: agentapi.StateSucceeded, Progress: 1, Message: msg})
+	return nil
+}
+
+// SelectDisk applies the rule: Serial, else WWN (exact match), else the smallest
+// non-removable disk of at least MinSizeBytes. Never "the first disk".
+func SelectDisk(disks []agentapi.Disk, rule agentapi.DiskRule) (agentapi.Disk, error) {
+	switch {
+	case rule.Serial != "":
+		for _, d := range disks {
+			if d.Serial == rule.Serial {
+				return d, nil
+			}
+		}
+		return agentapi.Disk{}, fail(agentapi.StepCheck, agentapi.ReasonDiskNotFound, "no disk with serial %q", rule.Serial)
+	case rule.WWN != "":
+		for _, d := range disks {
+			if strings.EqualFold(d.WWN, rule.WWN) {
+				return d, nil
+			}
+		}
+		return agentapi.Disk{}, fail(agentapi.StepCheck, agentapi.ReasonDiskNotFound, "no disk with WWN %q", rule.WWN)
+	}
+	var best *agentapi.Disk
+	for i := range disks {
+		d := &disks[i]
+		if d.Removable || d.SizeBytes < rule.MinSizeBytes {
+			continue
+		}
+		if best == nil || d.SizeBytes < best.SizeBytes || (d.SizeBytes == best.SizeBytes && d.Name < best.Name) {
+			best = d
+		}
+	}
+	if best == nil {
+		return agentapi.Disk{}, fail(agentapi.StepCheck, agentapi.ReasonDiskNotFound, "no non-removable disk of at least %d bytes", rule.MinSizeBytes)
+	}
+	return *best, nil
+}
+
+// Provision runs check → write → verify → stage → finalize for task and returns the
+// finalize record (also sent as Report.Written). Errors are *StepError.
+func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]string, error) {
+	img := task.Image
+	if img == nil || img.URL == "" || len(img.SHA256) != 64 || img.Size == 0 {
+		err := fail(agentapi.StepCheck, agentapi.ReasonInternal, "%v: task needs image url, sha256 and size", ErrBadTask)
+		_ = a.report(ctx, agentapi.Report{Step: agentapi.StepCheck, State: agentapi.StateFailed, Reason: err.Reason, Message: err.Err.Error()})
+		return nil, err
+	}
+	want := strings.ToLower(img.SHA256)
+	var disk agentapi.Disk
+	var dev *Device
+	defer func() {
+		if dev != nil {
+			dev.Close()
+		}
+	}()
+
+	// check
+	err := a.step(ctx, agentapi.StepCheck, func() (string, error) {
+		disks, err := a.cfg.ListDisks()
+		if err != nil {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskNotFound, "list disks: %v", err)
+		}
+		if disk, err = SelectDisk(disks, task.Disk); err != nil {
+			return "", err
+		}
+		need := int64(img.Size)
+		if task.Stage != nil {
+			need = alignUp(need, stageAlign) + a.cfg.StageSize + stageAlign // + backup GPT room
+		}
+		if dev, err = OpenDevice(disk.Path); err != nil {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskNotFound, "open %s: %v", disk.Path, err)
+		}
+		if dev.Size < need {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskTooSmall, "%s has %d bytes, image and stage need %d", disk.Path, dev.Size, need)
+		}
+		if disk.Health == "failing" {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "%s reports failing health", disk.Path)
+		}
+		if disk.Health == "" {
+			disk.Health = inventory.HealthNotReported
+		}
+		mbps, err := ReadTest(disk.Path, min(a.cfg.ReadTestBytes, dev.Size))
+		if err != nil {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read test on %s: %v", disk.Path, err)
+		}
+		if task.MinReadMBps > 0 && mbps < task.MinReadMBps {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskTooSlow, "%s reads %.1f MB/s, floor %.1f", disk.Path, mbps, task.MinReadMBps)
+		}
+		what, err := Foreign(dev, dev.SectorSize)
+		if err != nil {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read %s: %v", disk.Path, err)
+		}
+		if what != "" && !task.Wipe {
+			return "", fail(agentapi.StepCheck, agentapi.ReasonForeignOSPresent, "%s holds a %s and the machine is not marked for wipe", disk.Path, what)
+		}
+		if what != "" {
+			if err := a.wipeSignatures(dev); err != nil {
+				return "", fail(agentapi.StepCheck, agentapi.ReasonWriteFailed, "wipe %s: %v", disk.Path, err)
+			}
+		}
+		return fmt.Sprintf("disk %s (%s) %d bytes health %s read %.0f MB/s", disk.Path, disk.Name, dev.Size, disk.Health, mbps), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	var streamSum string
+	var writeSecs float64
+	writeOnce := func() error {
+		return a.step(ctx, agentapi.StepWrite, func() (string, error) {
+			sum, secs, resumed, err := a.writeImage(ctx, task, dev)
+			if err != nil {
+				return "", err
+			}
+			streamSum, writeSecs = sum, secs
+			return fmt.Sprintf("%d bytes in %.1fs (%.1f MB/s), %d resumptions", img.Size, secs, float64(img.Size)/1e6/secs, resumed), nil
+		})
+	}
+	verifyOnce := func(attempt int) error {
+		return a.step(ctx, agentapi.StepVerify, func() (string, error) {
+			got, err := a.readBack(ctx, task, dev)
+			if err != nil {
+				return "", fail(agentapi.StepVerify, agentapi.ReasonWriteFailed, "read back: %v", err)
+			}
+			switch {
+			case streamSum != want:
+				return "", fail(agentapi.StepVerify, agentapi.ReasonDigestMismatch, "served image sha256 %s, want %s (attempt %d)", streamSum, want, attempt+1)
+			case got != want && attempt == 0:
+				return "", fail(agentapi.StepVerify, agentapi.ReasonVerifyMismatch, "disk reads back sha256 %s, want %s", got, want)
+			case got != want:
+				return "", fail(agentapi.StepVerify, agentapi.ReasonDigestMismatch, "disk reads back sha256 %s, want %s (attempt %d)", got, want, attempt+1)
+			}
+			return "sha256 " + got, nil
+		})
+	}
+	// One rewrite on mismatch, then the failure stands.
+	for attempt := 0; ; attempt++ {
+		if err := writeOnce(); err != nil {
+			return nil, err
+		}
+		err := verifyOnce(attempt)
+		if err == nil {
+			break
+		}
+		var se *StepError
+		if attempt >= 1 || !errors.As(err, &se) || (se.Reason != agentapi.ReasonDigestMismatch && se.Reason != agentapi.ReasonVerifyMismatch) {
+			return nil, err
+		}
+		a.say("verify mismatch; rewriting once")
+	}
+
+	written := map[string]string{
+		"disk":              disk.Path,
+		"disk_name":         disk.Name,
+		"bytes":             strconv.FormatUint(img.Size, 10),
+		"sha256":            want,
+		"sector_size":       strconv.Itoa(dev.SectorSize),
+		"write_seconds":     strconv.FormatFloat(writeSecs, 'f', 3, 64),
+		"write_bytes_per_s": strconv.FormatFloat(float64(img.Size)/writeSecs, 'f', 0, 64),
+	}
+	if task.Stage != nil {
+		err = a.step(ctx, agentapi.StepStage, func() (string, error) {
+			info, hk, err := a.stage(task, dev)
+			if err != nil {
+				return "", fail(agentapi.StepStage, agentapi.ReasonStageFailed, "%v", err)
+			}
+			written["stage_scheme"] = info.Scheme
+			written["stage_partition"] = strconv.Itoa(info.Index)
+			written["cidata_offset_bytes"] = strconv.FormatInt(info.Start, 10)
+			written["cidata_size_bytes"] = strconv.FormatInt(info.Size, 10)
+			written["stage_changed_sectors"] = joinInts(info.Changed)
+			written["ssh_host_ed25519_pub"] = hk.Public
+			return fmt.Sprintf("cidata partition %d (%s) at %d, changed image sectors [%s]", info.Index, info.Scheme, info.Start, joinInts(info.Changed)), nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateStarted})
+	if err := dev.Sync(); err != nil {
+		_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateFailed, Reason: agentapi.ReasonWriteFailed, Message: err.Error()})
+		return nil, fail(agentapi.StepFinalize, agentapi.ReasonWriteFailed, "sync: %v", err)
+	}
+	_ = dev.RereadPartitions()
+	if err := a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateSucceeded, Progress: 1, Written: written}); err != nil {
+		return nil, fail(agentapi.StepFinalize, agentapi.ReasonInternal, "report finalize: %v", err)
+	}
+	return written, nil
+}
+
+func joinInts(v []int64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.FormatInt(x, 10)
+	}
+	return strings.Join(s, ",")
+}
+
+// wipeSignatures zeroes the first and last MiB (partition tables, GPT backup, most FS
+// superblocks) and discards the rest where supported.
+func (a *Agent) wipeSignatures(dev *Device) error {
+	n := min(int64(eraseCheckBytes), dev.Size)
+	if err := zeroRange(dev, 0, n); err != nil {
+		return err
+	}
+	if err := zeroRange(dev, dev.Size-n, n); err != nil {
+		return err
+	}
+	// Superblocks of btrfs (64 KiB) and ISO (32 KiB) lie inside the first MiB.
+	return dev.Sync()
+}
+
+// writeImage streams the image to dev, hashing the decompressed bytes. It returns the
+// stream's SHA-256 hex, the seconds spent and the resumptions used.
+func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device) (string, float64, int, error) {
+	img := task.Image
+	p := a.startProgress(ctx, agentapi.StepWrite, task.Heartbeat)
+	defer p.end()
+	rr := &rangeReader{ctx: ctx, client: a.cfg.HTTP, url: img.URL, token: a.cfg.Token, total: -1,
+		maxResumes: a.cfg.MaxResumes, openTries: a.cfg.Retries, backoff: a.cfg.RetryBase, stall: a.cfg.StallTimeout}
+	defer rr.Close()
+	start := time.Now()
+	if err := rr.openFirst(); err != nil {
+		return "", 0, 0, fail(agentapi.StepWrite, agentapi.ReasonImageFetchFailed, "%v", err)
+	}
+	src, closeSrc, err := decompress(img.Format, rr)
+	if err != nil {
+		return "", 0, 0, fail(agentapi.StepWrite, agentapi.ReasonImageFetchFailed, "%v", err)
+	}
+	defer closeSrc()
+	// Pipeline: this goroutine reads (network + decoder) into a ring of buffers; one
+	// goroutine writes each buffer to the device and another hashes it, so the time is the
+	// slowest of the three instead of their sum.
+	type chunk struct {
+		buf  []byte
+		off  int64
+		refs atomic.Int32
+	}
+	const nbuf = 4
+	free := make(chan []byte, nbuf)
+	for i := 0; i < nbuf; i++ {
+		free <- make([]byte, writeBufSize)
+	}
+	release := func(c *chunk) {
+		if c.refs.Add(-1) == 0 {
+			free <- c.buf[:cap(c.buf)]
+		}
+	}
+	writeCh, hashCh := make(chan *chunk, nbuf), make(chan *chunk, nbuf)
+	var werr error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for c := range writeCh {
+			if werr == nil {
+				if _, err := dev.WriteAt(c.buf, c.off); err != nil {
+					werr = fmt.Errorf("write %s at %d: %w", dev.Path, c.off, err)
+				}
+			}
+			release(c)
+		}
+	}()
+	h := sha256.New()
+	go func() {
+		defer wg.Done()
+		for c := range hashCh {
+			h.Write(c.buf)
+			release(c)
+		}
+	}()
+	var off int64
+	size := int64(img.Size)
+	var rerr error
+	for {
+		buf := <-free
+		n, err := io.ReadFull(src, buf)
+		if n > 0 {
+			if off+int64(n) > size {
+				free <- buf
+				rerr = fail(agentapi.StepWrite, agentapi.ReasonDigestMismatch, "image longer than its declared %d bytes", size)
+				break
+			}
+			c := &chunk{buf: buf[:n], off: off}
+			c.refs.Store(2)
+			writeCh <- c
+			hashCh <- c
+			off += int64(n)
+			p.set(float64(off) / float64(size))
+		} else {
+			free <- buf
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			if errors.Is(err, ErrFetch) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				rerr = fail(agentapi.StepWrite, agentapi.ReasonImageFetchFailed, "%v", err)
+			} else {
+				rerr = fail(agentapi.StepWrite, agentapi.ReasonImageFetchFailed, "decode %s image: %v", img.Format, err)
+			}
+			break
+		}
+	}
+	close(writeCh)
+	close(hashCh)
+	wg.Wait()
+	if rerr != nil {
+		return "", 0, rr.Resumed, rerr
+	}
+	if werr != nil {
+		return "", 0, rr.Resumed, fail(agentapi.StepWrite, agentapi.ReasonWriteFailed, "%v", werr)
+	}
+	if off != size {
+		return "", 0, rr.Resumed, fail(agentapi.StepWrite, agentapi.ReasonImageFetchFailed, "image ended at %d of %d bytes", off, size)
+	}
+	if err := dev.Sync(); err != nil {
+		return "", 0, rr.Resumed, fail(agentapi.StepWrite, agentapi.ReasonWriteFailed, "sync %s: %v", dev.Path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), time.Since(start).Seconds(), rr.Resumed, nil
+}
+
+// readBack re-reads the image range of dev with O_DIRECT and returns its SHA-256 hex.
+func (a *Agent) readBack(ctx context.Context, task *agentapi.Task, dev *Device) (string, error) {
+	p := a.startProgress(ctx, agentapi.StepVerify, task.Heartbeat)
+	defer p.end()
+	f, err := openDirect(dev.Path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	size := int64(task.Image.Size)
+	buf := alignedBuf(writeBufSize)
+	h := sha256.New()
+	var off int64
+	for off < size {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		n := int64(len(buf))
+		if size-off < n {
+			n = size - off
+		}
+		// O_DIRECT needs sector-multiple lengths: read a whole sector, hash the needed part.
+		rn := alignUp(n, 4096)
+		k, err := f.ReadAt(buf[:rn], off)
+		if int64(k) < n {
+			return "", fmt.Errorf("read %s at %d: %d bytes: %v", dev.Path, off, k, err)
+		}
+		h.Write(buf[:n])
+		off += n
+		p.set(float64(off) / float64(size))
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// stage appends the cidata partition and formats it (see parttable.go and fat.go).
+func (a *Agent) stage(task *agentapi.Task, dev *Device) (PartInfo, HostKey, error) {
+	hk, err := NewHostKey("host@" + task.Stage.Hostname)
+	if err != nil {
+		return PartInfo{}, hk, err
+	}
+	files, err := SeedFiles(task.Stage, hk)
+	if err != nil {
+		return PartInfo{}, hk, err
+	}
+	info, err := AppendPartition(dev, dev.Size, dev.SectorSize, int64(task.Image.Size), a.cfg.StageSize, "cidata")
+	if err != nil {
+		return info, hk, err
+	}
+	sum := sha256.Sum256([]byte(task.Stage.InstanceID))
+	volID := uint32(sum[0]) | uint32(sum[1])<<8 | uint32(sum[2])<<16 | uint32(sum[3])<<24
+	if err := MakeFAT16(dev, info.Start, info.Size, "CIDATA", volID, uint32(info.Start/512), files); err != nil {
+		return info, hk, err
+	}
+	return info, hk, dev.Sync()
+}
+
+// Erase wipes the disk chosen by task.Disk: first and last MiB zeroed (signatures, GPT
+// backup), BLKDISCARD over the whole device or, where unsupported, a full overwrite with
+// zeros; then the first and last MiB must read back as zeros.
+func (a *Agent) Erase(ctx context.Context, task *agentapi.Task) error {
+	return a.step(ctx, agentapi.StepErase, func() (string, error) {
+		disks, err := a.cfg.ListDisks()
+		if err != nil {
+			return "", fail(agentapi.StepErase, agentapi.ReasonDiskNotFound, "list disks: %v", err)
+		}
+		disk, err := SelectDisk(disks, task.Disk)
+		if err != nil {
+			var se *StepError
+			if errors.As(err, &se) {
+				se.Step = agentapi.StepErase
+			}
+			return "", err
+		}
+		dev, err := OpenDevice(disk.Path)
+		if err != nil {
+			return "", fail(agentapi.StepErase, agentapi.ReasonDiskNotFound, "open %s: %v", disk.Path, err)
+		}
+		defer dev.Close()
+		if err := a.wipeSignatures(dev); err != nil {
+			return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "wipe signatures: %v", err)
+		}
+		method := "discard"
+		if err := dev.Discard(0, dev.Size); err != nil {
+			method = "overwrite"
+			p := a.startProgress(ctx, agentapi.StepErase, task.Heartbeat)
+			buf := make([]byte, writeBufSize)
+			for off := int64(0); off < dev.Size; off += int64(len(buf)) {
+				if ctx.Err() != nil {
+					p.end()
+					return "", ctx.Err()
+				}
+				n := min(int64(len(buf)), dev.Size-off)
+				if _, err := dev.WriteAt(buf[:n], off); err != nil {
+					p.end()
+					return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "overwrite at %d: %v", off, err)
+				}
+				p.set(float64(off+n) / float64(dev.Size))
+			}
+			p.end()
+		}
+		if err := dev.Sync(); err != nil {
+			return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "sync: %v", err)
+		}
+		n := min(int64(eraseCheckBytes), dev.Size)
+		for _, off := range []int64{0, dev.Size - n} {
+			ok, err := isZero(disk.Path, off, n)
+			if err != nil || !ok {
+				return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "%s at %d does not read back as zeros (err %v)", disk.Path, off, err)
+			}
+		}
+		return fmt.Sprintf("%s erased by %s; first and last MiB read zeros", disk.Path, method), nil
+	})
+}
+
+// SysReboot syncs file systems and calls reboot(2) with RB_AUTOBOOT or RB_POWER_OFF.
+func SysReboot(reboot bool) error {
+	return sysReboot(reboot)
+}
+
+// sanitize drops control characters and invalid UTF-8 and truncates to
+// agentapi.MaxMessageLen bytes on a rune boundary.
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(s, "?") {
+		if r < 0x20 || r == 0x7f {
+			r = ' '
+		}
+		if b.Len()+utf8.RuneLen(r) > agentapi.MaxMessageLen {
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

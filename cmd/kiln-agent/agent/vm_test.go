@@ -1,0 +1,227 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"kiln/api/agentapi"
+)
+
+// repoRoot walks up from the test's directory to go.mod.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	d, _ := os.Getwd()
+	for {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		p := filepath.Dir(d)
+		if p == d {
+			t.Fatal("go.mod not found")
+		}
+		d = p
+	}
+}
+
+// envFiles returns vmlinuz and initramfs of the in-RAM environment: from $KILN_ENV_DIR when
+// set (e.g. after `make env`), else freshly built by deploy/env/build.sh into a temporary
+// directory so the VM always runs the agent code under test (the kernel .deb is cached in
+// build/cache; a rebuild takes ~15 s).
+func envFiles(t *testing.T) (kernel, initrd string) {
+	t.Helper()
+	dir := os.Getenv("KILN_ENV_DIR")
+	if dir == "" {
+		root := repoRoot(t)
+		for _, b := range []string{"apt-cache", "dpkg", "cpio", "gzip", "/bin/busybox", "/sbin/modinfo"} {
+			if _, err := exec.LookPath(b); err != nil {
+				t.Skipf("needs %s to build the environment (or set KILN_ENV_DIR after `make env`)", b)
+			}
+		}
+		dir = t.TempDir()
+		cmd := exec.Command(filepath.Join(root, "deploy/env/build.sh"))
+		cmd.Env = append(os.Environ(), "KILN_ENV_OUT="+dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Skipf("deploy/env/build.sh failed (no apt access to fetch the kernel?): %v\n%s", err, out)
+		}
+	}
+	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initramfs")
+	if !exists(kernel) || !exists(initrd) {
+		t.Skipf("no vmlinuz/initramfs in %s (run `make env`)", dir)
+	}
+	return kernel, initrd
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+type vmResult struct {
+	fa       *fakeAppliance
+	img      []byte
+	diskFile string
+	peerFile string
+	nvmeFile string
+	serial   string
+	elapsed  time.Duration
+}
+
+// bootVM boots the built environment under TCG with a virtio disk (serial KILNVM01) and user
+// networking; the fake appliance on the host's loopback is reached at 10.0.2.2. The agent
+// first gets an inspect task (fast-track: it keeps polling), then provision.
+// With bench, a second virtio disk receives `busybox wget | dd` of the same image first.
+func bootVM(t *testing.T, imgMiB int, bench bool) vmResult {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("needs qemu-system-x86_64")
+	}
+	for _, b := range []string{"sfdisk", "mkfs.ext4", "mdir", "mcopy"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("needs %s", b)
+		}
+	}
+	kernel, initrd := envFiles(t)
+	img := buildImage(t, "gpt", imgMiB, "kiln-vm-marker")
+	fa := newFakeAppliance(t)
+	fa.images["img"] = img
+	fa.publicImages = bench
+	u, _ := url.Parse(fa.srv.URL)
+	guestURL := "http://10.0.2.2:" + u.Port()
+	task := provisionTask(fa, "img", img, "raw")
+	task.Image.URL = guestURL + "/images/img"
+	task.Disk = agentapi.DiskRule{Serial: "KILNVM01"}
+	task.Heartbeat = 2 * time.Second
+	task.Wipe = false
+	fa.tasks = []agentapi.Task{{Action: agentapi.ActionInspect, PollAfter: 300 * time.Millisecond}, task}
+
+	dir := t.TempDir()
+	res := vmResult{fa: fa, img: img, diskFile: filepath.Join(dir, "disk.raw"), peerFile: filepath.Join(dir, "peer.raw"), nvmeFile: filepath.Join(dir, "nvme.raw")}
+	for _, f := range []string{res.diskFile, res.peerFile, res.nvmeFile} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(f, int64(imgMiB+64)<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serial := filepath.Join(dir, "serial.log")
+	appendArgs := fmt.Sprintf("console=ttyS0,115200 quiet %s=%s %s=vm-1 %s=%s", agentapi.ArgURL, guestURL, agentapi.ArgMachine, agentapi.ArgToken, testToken)
+	args := []string{"-accel", "tcg", "-m", "512", "-smp", "2", "-nodefaults", "-nographic", "-monitor", "none",
+		"-serial", "file:" + serial, "-no-reboot", "-kernel", kernel, "-initrd", initrd,
+		"-drive", "file=" + res.diskFile + ",format=raw,if=none,id=d0,cache=unsafe",
+		"-device", "virtio-blk-pci,drive=d0,serial=KILNVM01",
+		// An NVMe disk (smaller, so the serial rule, not size, picks vda) reports SMART health.
+		"-drive", "file=" + res.nvmeFile + ",format=raw,if=none,id=d2,cache=unsafe",
+		"-device", "nvme,drive=d2,serial=NVME0001",
+		"-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"}
+	if bench {
+		appendArgs += " kiln.bench_peer=" + guestURL + "/images/img kiln.bench_dev=/dev/vdb"
+		args = append(args, "-drive", "file="+res.peerFile+",format=raw,if=none,id=d1,cache=unsafe",
+			"-device", "virtio-blk-pci,drive=d1,serial=PEER0001")
+	}
+	args = append(args, "-append", appendArgs)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	res.elapsed = time.Since(start)
+	b, _ := os.ReadFile(serial)
+	res.serial = string(b)
+	t.Logf("qemu exited after %s (err %v) %s\nserial log:\n%s", res.elapsed.Round(time.Second), err, out, tail(res.serial, 60))
+	if ctx.Err() != nil {
+		t.Fatal("VM timed out")
+	}
+	return res
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(s, "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// TestVMProvision: the built kernel+initramfs boots, DHCPs, registers, gets inspect then
+// provision, writes the image to the virtio disk, stages cidata and reboots (qemu exits).
+func TestVMProvision(t *testing.T) {
+	if testing.Short() {
+		t.Skip("VM test skipped in -short mode")
+	}
+	res := bootVM(t, 32, false)
+	checkVMResult(t, res)
+}
+
+func checkVMResult(t *testing.T, res vmResult) map[string]string {
+	t.Helper()
+	fin, ok := res.fa.final(agentapi.StepFinalize)
+	if !ok || fin.State != agentapi.StateSucceeded {
+		t.Fatalf("finalize: %+v\nreports: %+v", fin, res.fa.Reports())
+	}
+	if fin.Written["disk"] != "/dev/vda" {
+		t.Errorf("disk chosen: %v", fin.Written["disk"])
+	}
+	if res.fa.reg == nil || len(res.fa.reg.Inventory.NICs) == 0 || len(res.fa.reg.Inventory.Disks) == 0 || res.fa.reg.Inventory.Vendor != "QEMU" {
+		t.Errorf("inventory: %+v", res.fa.reg)
+	}
+	for _, want := range []string{"kiln-init: eth0 configured", "kiln-agent: step verify done", "kiln-agent: provisioned /dev/vda"} {
+		if !strings.Contains(res.serial, want) {
+			t.Errorf("serial log lacks %q", want)
+		}
+	}
+	var nvme *agentapi.Disk
+	for i, d := range res.fa.reg.Inventory.Disks {
+		if d.Serial == "NVME0001" {
+			nvme = &res.fa.reg.Inventory.Disks[i]
+		}
+	}
+	if nvme == nil || nvme.Health != HealthOK {
+		t.Errorf("nvme disk health: %+v (inventory %+v)", nvme, res.fa.reg.Inventory.Disks)
+	}
+	if !regexp.MustCompile(`kiln-agent: step write [0-9]+%`).MatchString(res.serial) {
+		t.Error("serial log lacks write progress lines")
+	}
+	heartbeats := 0
+	for _, r := range res.fa.Reports() {
+		if r.State == agentapi.StateRunning {
+			heartbeats++
+		}
+	}
+	t.Logf("written: %v; %d running reports", fin.Written, heartbeats)
+	checkImageRange(t, res.diskFile, res.img, fin.Written)
+	checkCidata(t, res.diskFile, fin.Written, "node-07")
+	return fin.Written
+}
+
+var peerLine = regexp.MustCompile(`kiln-init: bench peer wget\|dd t0=([0-9.]+) t1=([0-9.]+)`)
+
+// TestBenchAgentWrite (KILN_BENCH=1): in one VM boot, busybox `wget -O - | dd bs=4M
+// conv=fsync` of the image into a second virtio disk, then the agent's write step into the
+// first; both include the final flush. Prints a bench: line.
+func TestBenchAgentWrite(t *testing.T) {
+	if os.Getenv("KILN_BENCH") != "1" {
+		t.Skip("set KILN_BENCH=1 to run benchmarks")
+	}
+	res := bootVM(t, 96, true)
+	w := checkVMResult(t, res)
+	m := peerLine.FindStringSubmatch(res.serial)
+	if m == nil {
+		t.Fatal("no peer line in the serial log")
+	}
+	t0, _ := strconv.ParseFloat(m[1], 64)
+	t1, _ := strconv.ParseFloat(m[2], 64)
+	peerBps := float64(len(res.img)) / (t1 - t0)
+	peerDisk, _ := os.ReadFile(res.peerFile)
+	if sha(peerDisk[:len(res.img)]) != sha(res.img) {
+		t.Error("peer disk does not hold the image")
+	}
+	kiln, _ := strconv.ParseFloat(w["write_bytes_per_s"], 64)
+	fmt.Printf("bench: agent_write_bytes_per_s kiln=%.0f peer=%.0f unit=bytes/s ratio=%.3f\n", kiln, peerBps, kiln/peerBps)
+}

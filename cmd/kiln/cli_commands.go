@@ -1,0 +1,683 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"kiln/api"
+	"kiln/store"
+)
+
+// cliOpts are the persistent client flags on the root command.
+type cliOpts struct {
+	server string
+	token  string
+	output string
+}
+
+// addClientCommands adds the client commands (machines, import, images,
+// events, status, bmc) and the persistent flags --server, --token and -o to
+// root. The daemon (`kiln serve`) is the lead's; these talk to its REST API.
+func addClientCommands(root *cobra.Command) {
+	o := &cliOpts{}
+	server := os.Getenv("KILN_SERVER")
+	if server == "" {
+		server = defaultServer
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&o.server, "server", server, "Kiln API URL (env KILN_SERVER)")
+	pf.StringVar(&o.token, "token", "", "API bearer token (env KILN_TOKEN, else the file in KILN_TOKEN_FILE or "+defaultTokenFile+")")
+	pf.StringVarP(&o.output, "output", "o", outTable, "output format: table, json or yaml")
+
+	root.AddCommand(machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o))
+}
+
+// client builds an API client from the flags; it checks -o too.
+func (o *cliOpts) client() (*client, error) {
+	if err := checkOutput(o.output); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(o.server)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--server %q: want http://HOST:PORT or https://HOST:PORT", o.server)
+	}
+	tok, src := resolveToken(o.token)
+	return &client{base: o.server, token: tok, tokenSrc: src, hc: &http.Client{}}, nil
+}
+
+func timeout(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(cmd.Context(), requestTimeout)
+}
+
+// parseLabels turns ["k=v", ...] into a map.
+func parseLabels(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--%s %q: want key=value", flag, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+func firstMAC(m store.Machine) string {
+	if len(m.Intended.NICs) > 0 {
+		return m.Intended.NICs[0].MAC
+	}
+	return ""
+}
+
+func machineTable(ms []store.Machine) func(*tabwriter.Writer) {
+	return func(tw *tabwriter.Writer) {
+		row(tw, "ID", "NAME", "STATE", "RACK", "U", "MAC", "IPV4", "REASON")
+		for _, m := range ms {
+			u := "-"
+			if m.RackUnit > 0 {
+				u = strconv.Itoa(m.RackUnit)
+			}
+			row(tw, m.ID, dash(m.Name), m.State, dash(m.Rack), u, dash(firstMAC(m)), dash(m.IPv4), dash(m.Reason))
+		}
+	}
+}
+
+func machineDetail(m store.Machine) func(*tabwriter.Writer) {
+	return func(tw *tabwriter.Writer) {
+		row(tw, "ID:", m.ID)
+		row(tw, "Name:", dash(m.Name))
+		row(tw, "State:", m.State)
+		if m.Reason != "" || m.Message != "" {
+			row(tw, "Reason:", dash(m.Reason), m.Message)
+		}
+		row(tw, "Site/Rack/U:", fmt.Sprintf("%s / %s / %d", dash(m.Site), dash(m.Rack), m.RackUnit))
+		row(tw, "Serial:", dash(m.Intended.Serial))
+		for _, n := range m.Intended.NICs {
+			row(tw, "NIC:", n.MAC, dash(n.Name))
+		}
+		row(tw, "IPv4:", dash(m.IPv4))
+		row(tw, "BMC:", dash(m.BMC))
+		keys := make([]string, 0, len(m.Labels))
+		for k := range m.Labels {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			row(tw, "Label:", k+"="+m.Labels[k])
+		}
+		if m.Claim != nil {
+			row(tw, "Claim:", "image="+m.Claim.Image, "role="+dash(m.Claim.Role), "host="+dash(m.Claim.Hostname))
+		}
+		if m.Step != nil {
+			row(tw, "Step:", m.Step.Step, m.Step.State, dash(m.Step.Reason), fmt.Sprintf("%.0f%%", m.Step.Progress*100))
+		}
+		for _, d := range m.Diff {
+			row(tw, "Diff:", d.Field, "intended="+d.Intended, "discovered="+d.Discovered, map[bool]string{true: "BLOCKING", false: "warn"}[d.Blocking])
+		}
+		row(tw, "Version:", m.ResourceVersion)
+		row(tw, "Updated:", m.UpdatedAt.Format(time.RFC3339))
+	}
+}
+
+func machinesCmd(o *cliOpts) *cobra.Command {
+	c := &cobra.Command{Use: "machines", Aliases: []string{"machine", "m"}, Short: "List, show and act on machines"}
+
+	var state, rack, after string
+	var labels []string
+	var limit int
+	var all bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List machines (filter by --state, --rack, --label k=v)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			q := url.Values{}
+			if state != "" {
+				q.Set("state", state)
+			}
+			if rack != "" {
+				q.Set("rack", rack)
+			}
+			for _, l := range labels {
+				q.Add("label", l)
+			}
+			q.Set("limit", strconv.Itoa(limit))
+			var items []store.Machine
+			next := after
+			for {
+				if next != "" {
+					q.Set("after", next)
+				}
+				var page api.MachineList
+				ctx, cancel := timeout(cmd)
+				err := cl.do(ctx, "GET", "/v1/machines", q, nil, "", &page)
+				cancel()
+				if err != nil {
+					return err
+				}
+				items = append(items, page.Items...)
+				next = page.Next
+				if next == "" || !all {
+					break
+				}
+			}
+			if items == nil {
+				items = []store.Machine{}
+			}
+			if err := render(cmd.OutOrStdout(), o.output, api.MachineList{Items: items, Next: next}, machineTable(items)); err != nil {
+				return err
+			}
+			if next != "" && o.output == outTable {
+				fmt.Fprintf(cmd.ErrOrStderr(), "more: --after %s\n", next)
+			}
+			return nil
+		},
+	}
+	list.Flags().StringVar(&state, "state", "", "only machines in this state ("+statesList()+")")
+	list.Flags().StringVar(&rack, "rack", "", "only machines of this rack ID")
+	list.Flags().StringArrayVar(&labels, "label", nil, "only machines with label key=value (repeat for AND)")
+	list.Flags().IntVar(&limit, "limit", api.DefaultListLimit, "page size")
+	list.Flags().BoolVar(&all, "all", true, "follow the cursor through every page (--all=false: one page)")
+	list.Flags().StringVar(&after, "after", "", "start after this cursor")
+
+	get := &cobra.Command{
+		Use:   "get ID",
+		Short: "Show one machine",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			var m store.Machine
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "GET", "/v1/machines/"+url.PathEscape(args[0]), nil, nil, "", &m); err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, m, machineDetail(m))
+		},
+	}
+
+	var claim store.Claim
+	var userDataFile, reason string
+	var claimLabels []string
+	prov := &cobra.Command{
+		Use:   "provision ID",
+		Short: "Provision an available machine with an image, role and bootstrap data",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			if claim.Image == "" {
+				return errors.New("--image is required (see `kiln images list`)")
+			}
+			if claim.Labels, err = parseLabels("label", claimLabels); err != nil {
+				return err
+			}
+			if userDataFile != "" {
+				b, err := os.ReadFile(userDataFile)
+				if err != nil {
+					return fmt.Errorf("--user-data: %w", err)
+				}
+				claim.UserData = string(b)
+			}
+			var m store.Machine
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/provision", nil,
+				api.ProvisionRequest{Claim: claim, Reason: reason}, "", &m); err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, m, machineTable([]store.Machine{m}))
+		},
+	}
+	prov.Flags().StringVar(&claim.Image, "image", "", "image ID (required)")
+	prov.Flags().StringVar(&claim.Role, "role", "", "role, e.g. worker or control-plane")
+	prov.Flags().StringVar(&claim.Hostname, "hostname", "", "host name of the node")
+	prov.Flags().StringArrayVar(&claim.SSHKeys, "ssh-key", nil, "authorized SSH public key (repeat)")
+	prov.Flags().StringVar(&userDataFile, "user-data", "", "cloud-init user-data file")
+	prov.Flags().StringArrayVar(&claimLabels, "label", nil, "node label key=value (repeat)")
+	prov.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
+
+	c.AddCommand(list, get, prov,
+		actionCmd(o, "release", "Release a provisioned machine (it is erased, then available)"),
+		actionCmd(o, "erase", "Erase a machine's disks"),
+		actionCmd(o, "inspect", "(Re)inspect a machine's hardware"))
+	return c
+}
+
+func statesList() string {
+	s := make([]string, len(store.AllStates))
+	for i, st := range store.AllStates {
+		s[i] = string(st)
+	}
+	return strings.Join(s, "|")
+}
+
+func actionCmd(o *cliOpts, verb, short string) *cobra.Command {
+	var reason, message string
+	c := &cobra.Command{
+		Use:   verb + " ID",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			var m store.Machine
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/"+verb, nil,
+				api.ActionRequest{Reason: reason, Message: message}, "", &m); err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, m, machineTable([]store.Machine{m}))
+		},
+	}
+	c.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
+	c.Flags().StringVar(&message, "message", "", "free-text note")
+	return c
+}
+
+func importCmd(o *cliOpts) *cobra.Command {
+	var format string
+	c := &cobra.Command{
+		Use:   "import FILE",
+		Short: "Import a purchase record / rack plan (csv, json or a NetBox device CSV); all or nothing",
+		Long: `Import machines as registered. FILE is read whole; "-" reads stdin. The
+format comes from --format, else the file extension (.csv, .json). A file with
+any bad row imports nothing; each bad row is printed with its line and field.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			if format == "" {
+				switch strings.ToLower(filepath.Ext(args[0])) {
+				case ".csv":
+					format = "csv"
+				case ".json":
+					format = "json"
+				default:
+					return fmt.Errorf("cannot tell the format of %q: pass --format csv|json|netbox", args[0])
+				}
+			}
+			var r io.Reader = cmd.InOrStdin()
+			if args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				r = f
+			}
+			var res api.ImportResult
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "POST", "/v1/machines/import", url.Values{"format": {format}}, r, "application/octet-stream", &res); err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, res, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "imported %d machine(s)\n", res.Created)
+				for _, id := range res.IDs {
+					row(tw, id)
+				}
+			})
+		},
+	}
+	c.Flags().StringVar(&format, "format", "", "csv, json or netbox (default from the file extension)")
+	return c
+}
+
+func imagesCmd(o *cliOpts) *cobra.Command {
+	c := &cobra.Command{Use: "images", Aliases: []string{"image"}, Short: "Upload and list OS images"}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List images",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			var il api.ImageList
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "GET", "/v1/images", nil, nil, "", &il); err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, il, func(tw *tabwriter.Writer) {
+				row(tw, "ID", "NAME", "VERSION", "FORMAT", "SIZE", "SHA256")
+				for _, im := range il.Items {
+					row(tw, im.ID, im.Name, im.Version, im.Format, im.Size, short(im.SHA256))
+				}
+			})
+		},
+	}
+	var name, version, sum, format, id string
+	var quiet bool
+	up := &cobra.Command{
+		Use:   "upload FILE",
+		Short: "Upload an image, streaming it with a progress bar",
+		Long: `Upload FILE as an image. Its SHA-256 is --sha256 when given, else computed
+first (a read of the whole file); the server checks the bytes against it.
+--format defaults from the extension: .gz gzip, .zst zstd, else raw.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			if version == "" {
+				return errors.New("--version is required (e.g. --version 24.04.1)")
+			}
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			fi, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			if name == "" {
+				name = strings.TrimSuffix(filepath.Base(args[0]), filepath.Ext(args[0]))
+			}
+			if format == "" {
+				switch strings.ToLower(filepath.Ext(args[0])) {
+				case ".gz":
+					format = "gzip"
+				case ".zst":
+					format = "zstd"
+				default:
+					format = "raw"
+				}
+			}
+			bar := func(desc string) *progressbar.ProgressBar {
+				return progressbar.NewOptions64(fi.Size(), progressbar.OptionSetWriter(cmd.ErrOrStderr()),
+					progressbar.OptionSetDescription(desc), progressbar.OptionShowBytes(true),
+					progressbar.OptionSetVisibility(!quiet), progressbar.OptionThrottle(100*time.Millisecond),
+					progressbar.OptionShowCount(), progressbar.OptionOnCompletion(func() { fmt.Fprintln(cmd.ErrOrStderr()) }))
+			}
+			if sum == "" {
+				h := sha256.New()
+				b := bar("hashing  ")
+				if _, err := io.Copy(io.MultiWriter(h, b), f); err != nil {
+					return fmt.Errorf("hash %s: %w", args[0], err)
+				}
+				_ = b.Finish()
+				sum = hex.EncodeToString(h.Sum(nil))
+				if _, err := f.Seek(0, io.SeekStart); err != nil {
+					return err
+				}
+			}
+			b := bar("uploading")
+			pr := progressbar.NewReader(f, b)
+			q := url.Values{"name": {name}, "version": {version}, "sha256": {sum}, "format": {format}, "source": {filepath.Base(args[0])}}
+			method, path := "POST", "/v1/images"
+			if id != "" {
+				method, path = "PUT", "/v1/images/"+url.PathEscape(id)
+			}
+			var im store.Image
+			// No overall timeout: an image may take long; Ctrl-C cancels.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if err := cl.do(ctx, method, path, q, &sizedReader{r: &pr, n: fi.Size()}, "application/octet-stream", &im); err != nil {
+				return err
+			}
+			_ = b.Finish()
+			return render(cmd.OutOrStdout(), o.output, im, func(tw *tabwriter.Writer) {
+				row(tw, "ID", "NAME", "VERSION", "FORMAT", "SIZE", "SHA256")
+				row(tw, im.ID, im.Name, im.Version, im.Format, im.Size, im.SHA256)
+			})
+		},
+	}
+	up.Flags().StringVar(&name, "name", "", "image name (default: the file name without extension)")
+	up.Flags().StringVar(&version, "version", "", "image version (required)")
+	up.Flags().StringVar(&sum, "sha256", "", "expected SHA-256 (hex) of the file; computed when absent")
+	up.Flags().StringVar(&format, "format", "", "raw, gzip or zstd (default from the extension)")
+	up.Flags().StringVar(&id, "id", "", "store under this image ID (default: assigned)")
+	up.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
+	c.AddCommand(list, up)
+	return c
+}
+
+// sizedReader lets net/http send a Content-Length for a streamed body.
+type sizedReader struct {
+	r io.Reader
+	n int64
+}
+
+func (s *sizedReader) Read(p []byte) (int, error) { return s.r.Read(p) }
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+func eventsCmd(o *cliOpts) *cobra.Command {
+	var after uint64
+	var limit int
+	var follow bool
+	var wait time.Duration
+	c := &cobra.Command{
+		Use:   "events",
+		Short: "Print the event log after a cursor; --follow keeps waiting for new events",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if follow {
+				var stop context.CancelFunc
+				ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+				defer stop()
+			}
+			w := cmd.OutOrStdout()
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			header := o.output == outTable
+			for {
+				q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {strconv.Itoa(limit)}}
+				if follow {
+					q.Set("wait", wait.String())
+				}
+				var el api.EventList
+				rctx, cancel := context.WithTimeout(ctx, requestTimeout+wait)
+				err := cl.do(rctx, "GET", "/v1/events", q, nil, "", &el)
+				cancel()
+				if err != nil {
+					if follow && ctx.Err() != nil {
+						return nil // Ctrl-C or the caller's context ended
+					}
+					return err
+				}
+				if err := printEvents(w, tw, o.output, el, &header, follow); err != nil {
+					return err
+				}
+				after = el.Next
+				if !follow && (len(el.Events) < limit || len(el.Events) == 0) {
+					return nil
+				}
+			}
+		},
+	}
+	c.Flags().Uint64Var(&after, "after", 0, "cursor: print events after this index")
+	c.Flags().IntVar(&limit, "limit", api.DefaultListLimit, "events per request")
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep waiting for new events (long-poll)")
+	c.Flags().DurationVar(&wait, "wait", 30*time.Second, "long-poll wait per request with --follow")
+	return c
+}
+
+// printEvents prints one batch: table rows, one JSON object per line (so
+// --follow -o json is a stream), or YAML documents.
+func printEvents(w io.Writer, tw *tabwriter.Writer, format string, el api.EventList, header *bool, follow bool) error {
+	switch format {
+	case outTable:
+		if *header {
+			row(tw, "INDEX", "TIME", "SUBJECT", "KIND", "CHANGE", "ACTOR", "REASON")
+			*header = false
+		}
+		for _, e := range el.Events {
+			change := "-"
+			if e.From != "" || e.To != "" {
+				change = dash(e.From) + "→" + dash(e.To)
+			}
+			row(tw, e.Index, e.Time.Format(time.RFC3339), e.Subject, e.Kind, change, dash(e.Actor), dash(e.Reason))
+		}
+		return tw.Flush()
+	case outJSON:
+		for _, e := range el.Events {
+			if err := render(w, outJSON, e, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		for _, e := range el.Events {
+			fmt.Fprintln(w, "---")
+			if err := render(w, outYAML, e, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func statusCmd(o *cliOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Site status: machines by state, failures, versions, raft health",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			var st api.SiteStatus
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "GET", "/v1/site/status", nil, nil, "", &st); err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, st, func(tw *tabwriter.Writer) {
+				role := "follower"
+				if st.Raft.IsLeader {
+					role = "leader"
+				}
+				ready := "ready"
+				if !st.Raft.Ready {
+					ready = "NOT READY"
+				}
+				row(tw, "Version:", st.Version)
+				row(tw, "Raft:", role, "leader="+dash(st.Raft.Leader), ready)
+				row(tw, "Machines:", st.Total)
+				for _, s := range store.AllStates {
+					if n := st.Counts[s]; n > 0 {
+						row(tw, "  "+string(s)+":", n)
+					}
+				}
+				for _, im := range st.Images {
+					row(tw, "Image:", im.ID, im.Name+" "+im.Version)
+				}
+				if len(st.Failures) > 0 {
+					row(tw, "Failures:")
+					for _, f := range st.Failures {
+						row(tw, "  "+f.ID, dash(f.Name), dash(f.Rack), dash(f.Reason), f.Message)
+					}
+				}
+			})
+		},
+	}
+}
+
+func bmcCmd(o *cliOpts) *cobra.Command {
+	c := &cobra.Command{Use: "bmc", Short: "Manage machines' BMCs"}
+	var req api.BMCEnrollRequest
+	var pwFile string
+	var pwStdin bool
+	enroll := &cobra.Command{
+		Use:   "enroll MACHINE",
+		Short: "Enroll a machine's BMC (the password is stored encrypted, never shown)",
+		Long: `Enroll the BMC of MACHINE. The password comes from --password-file,
+--password-stdin or env KILN_BMC_PASSWORD — never from a flag, so it stays out
+of shell history and ps.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			switch {
+			case pwFile != "":
+				b, err := os.ReadFile(pwFile)
+				if err != nil {
+					return fmt.Errorf("--password-file: %w", err)
+				}
+				req.Password = strings.TrimRight(string(b), "\r\n")
+			case pwStdin:
+				b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 4096))
+				if err != nil {
+					return err
+				}
+				req.Password = strings.TrimRight(string(b), "\r\n")
+			default:
+				req.Password = os.Getenv("KILN_BMC_PASSWORD")
+			}
+			if req.Password == "" {
+				return errors.New("no BMC password: use --password-file, --password-stdin or KILN_BMC_PASSWORD")
+			}
+			var b store.BMC
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/bmc", nil, req, "", &b); err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, b, func(tw *tabwriter.Writer) {
+				row(tw, "ID", "ADDRESS", "DRIVER", "USERNAME")
+				row(tw, b.ID, b.Address, b.Driver, b.Username)
+			})
+		},
+	}
+	enroll.Flags().StringVar(&req.Address, "address", "", "BMC host or host:port (required)")
+	enroll.Flags().StringVar(&req.Driver, "driver", "auto", "redfish, ipmi or auto")
+	enroll.Flags().StringVar(&req.Username, "username", "", "BMC user name (required)")
+	enroll.Flags().StringVar(&pwFile, "password-file", "", "file holding the BMC password")
+	enroll.Flags().BoolVar(&pwStdin, "password-stdin", false, "read the BMC password from stdin")
+	enroll.Flags().BoolVar(&req.InsecureTLS, "insecure-tls", false, "do not verify the BMC's TLS certificate (Redfish)")
+	c.AddCommand(enroll)
+	return c
+}

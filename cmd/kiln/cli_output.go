@@ -1,0 +1,71 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Output formats of -o.
+const (
+	outTable = "table"
+	outJSON  = "json"
+	outYAML  = "yaml"
+)
+
+func checkOutput(o string) error {
+	switch o {
+	case outTable, outJSON, outYAML:
+		return nil
+	}
+	return fmt.Errorf("-o %q: want table, json or yaml", o)
+}
+
+// render writes v as JSON or YAML, or calls table with a tabwriter for people.
+func render(w io.Writer, format string, v any, table func(tw *tabwriter.Writer)) error {
+	switch format {
+	case outJSON:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case outYAML:
+		// Through JSON so the keys are the API's JSON names.
+		js, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		var generic any
+		if err := json.Unmarshal(js, &generic); err != nil {
+			return err
+		}
+		out, err := yaml.Marshal(generic)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(out)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+// dash prints "-" for empty table cells.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func row(tw io.Writer, cols ...any) {
+	parts := make([]string, len(cols))
+	for i, c := range cols {
+		parts[i] = fmt.Sprint(c)
+	}
+	fmt.Fprintln(tw, strings.Join(parts, "\t"))
+}

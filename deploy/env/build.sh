@@ -1,0 +1,74 @@
+#!/bin/bash
+# deploy/env/build.sh — build Kiln's in-RAM provisioning environment.
+#
+# Output (default build/env/ under the repository root, override with KILN_ENV_OUT):
+#   vmlinuz    the kernel of Debian's linux-image-* package that linux-image-amd64 depends on
+#              (fetched with `apt-get download`, unpacked with `dpkg -x`, never installed)
+#   initramfs  gzip'ed newc cpio: /init (busybox sh), /bin/busybox (static), /bin/kiln-agent
+#              (CGO_ENABLED=0, -trimpath -ldflags=-buildid=), and only the kernel modules
+#              listed in WANT_MODULES plus their dependencies (/lib/modules/order)
+#   DIGESTS    sha256 of the kernel .deb, vmlinuz and initramfs (sha256sum format)
+#
+# The .deb and its unpacked tree are cached in build/cache/ (KILN_ENV_CACHE) so reruns do not
+# download. The build is reproducible: sorted cpio entries, mtime 0, uid/gid 0, fixed inode
+# numbers (GNU cpio --reproducible) and `gzip -n` (no name, no timestamp).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
+OUT=${KILN_ENV_OUT:-$ROOT/build/env}
+CACHE=${KILN_ENV_CACHE:-$ROOT/build/cache}
+GO=${GO:-go}
+# virtio (qemu, most clouds), e1000/igb/ixgbe/bnxt/mlx5 are left out on purpose: add NIC drivers here.
+WANT_MODULES=${WANT_MODULES:-"virtio_pci virtio_net virtio_blk virtio_scsi sd_mod nvme ahci e1000 e1000e af_packet"}
+mkdir -p "$OUT" "$CACHE"
+
+# One build at a time per cache (tests may build concurrently).
+exec 9>"$CACHE/.lock"
+flock 9
+
+KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+[ -n "$KPKG" ] || { echo "build.sh: cannot resolve the kernel package of linux-image-amd64" >&2; exit 1; }
+DEB=$(ls "$CACHE/${KPKG}"_*.deb 2>/dev/null | head -1 || true)
+if [ -z "$DEB" ]; then
+  (cd "$CACHE" && apt-get download "$KPKG")
+  DEB=$(ls "$CACHE/${KPKG}"_*.deb | head -1)
+fi
+KTREE="$CACHE/$(basename "$DEB" .deb).x"
+if [ ! -d "$KTREE/boot" ]; then
+  rm -rf "$KTREE.tmp"; dpkg -x "$DEB" "$KTREE.tmp"; mv "$KTREE.tmp" "$KTREE"
+fi
+KVER=$(ls "$KTREE/lib/modules" | head -1)
+MODDIR="$KTREE/lib/modules/$KVER"
+
+WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
+R="$WORK/root"
+mkdir -p "$R"/{bin,dev,proc,sys,tmp,run,lib/modules}
+cp /bin/busybox "$R/bin/busybox"
+ln -s busybox "$R/bin/sh"
+(cd "$ROOT" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags=-buildid= -o "$R/bin/kiln-agent" ./cmd/kiln-agent)
+install -m 0755 "$ROOT/deploy/env/init" "$R/init"
+install -m 0755 "$ROOT/deploy/env/udhcpc.script" "$R/bin/udhcpc.script"
+
+# Modules with their dependencies, in load order (dependencies first). Built-in ones are skipped.
+order=""
+resolve() {
+  local m=$1 f deps d
+  f=$(find "$MODDIR" -name "$m.ko" -o -name "${m//_/-}.ko" | head -1)
+  [ -n "$f" ] || return 0                         # built in (modules.builtin) or not built
+  deps=$(/sbin/modinfo -F depends "$f" | tr ',' ' ')
+  for d in $deps; do resolve "$d"; done
+  case " $order " in *" $m "*) ;; *) order="$order $m"; cp "$f" "$R/lib/modules/$m.ko" ;; esac
+}
+for m in $WANT_MODULES; do resolve "$m"; done
+echo "$order" | tr ' ' '\n' | sed '/^$/d' > "$R/lib/modules/order"
+echo "$KVER" > "$R/lib/modules/version"
+
+# Reproducible archive.
+find "$R" -exec touch -h -d @0 {} +
+(cd "$R" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc --reproducible -R 0:0) | gzip -n -9 > "$WORK/initramfs"
+cp "$KTREE/boot/vmlinuz-$KVER" "$WORK/vmlinuz"
+mv "$WORK/initramfs" "$OUT/initramfs"; mv "$WORK/vmlinuz" "$OUT/vmlinuz"
+(cd "$CACHE" && sha256sum "$(basename "$DEB")") > "$WORK/DIGESTS"
+(cd "$OUT" && sha256sum vmlinuz initramfs) >> "$WORK/DIGESTS"
+mv "$WORK/DIGESTS" "$OUT/DIGESTS"
+echo "build.sh: kernel $KVER modules:$(tr '\n' ' ' < "$R/lib/modules/order")"
+cat "$OUT/DIGESTS"

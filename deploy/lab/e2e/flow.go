@@ -1,0 +1,709 @@
+// Package e2e runs Kiln's main job in the lab: a real qemu VM with real
+// firmware (SeaBIOS + iPXE ROM, or OVMF) is imported, powered on through its
+// BMC (ipmi_sim for IPMI, the virtual Redfish BMC for Redfish), PXE-boots from
+// Kiln, is inspected by the in-RAM agent, claimed, built (check, write,
+// verify, stage) and rebooted to its disk. The same Run serves `make e2e`
+// (deploy/lab/e2e tests) and `make demo` (deploy/lab/demo).
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"kiln/api"
+	"kiln/deploy/lab/labimage"
+	"kiln/deploy/lab/labnet"
+	"kiln/store"
+)
+
+// Options of one run.
+type Options struct {
+	Root     string // repository root (bin/, build/env, deploy/lab)
+	Work     string // scratch directory for this run (created)
+	Prefix   string // network namespace prefix, e.g. "kln"
+	Firmware string // "bios" or "uefi"
+	BMC      string // "ipmi" or "redfish"
+	DiskMiB  int    // the VM's virtio disk
+	ImageMiB int    // ext4 size of the image (the image is 1 MiB larger)
+	// WantReason, when set, expects the build to fail with this reason
+	// (e.g. disk_too_small) instead of reaching provisioned.
+	WantReason string
+	Timeout    time.Duration
+	KeepUp     bool      // leave the lab running at the end (demo)
+	Out        io.Writer // progress, one line per event
+}
+
+// Result of a run.
+type Result struct {
+	MachineID     string
+	FinalState    store.MachineState
+	Reason        string
+	PowerOnAt     time.Time
+	Seconds       float64 // power-on → final state
+	ImageSHA256   string
+	DiskImageOK   bool // the disk holds the image's bytes (outside the staged table entry)
+	DiskUntouched bool // the disk is all zeros (failing path)
+	Cidata        map[string]string
+	DiskBooted    bool // BIOS: the image's boot sector ran after the exit-to-disk script
+	Lab           *labnet.Lab
+}
+
+const (
+	vmMAC   = "52:54:00:99:01:01"
+	vmUUID  = "5e1f0000-0000-4000-8000-525400990101"
+	bmcUser = "admin"
+	bmcPass = "lab-bmc-Secret-42"
+	diskMsg = "KILN-DISK-BOOT"
+)
+
+// Run executes the flow. It returns an error when a step of the lab itself
+// fails or the machine does not reach the expected state in time.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if err := preflight(o); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.Work, 0o755); err != nil {
+		return nil, err
+	}
+	r := &Result{}
+	say := func(f string, a ...any) { fmt.Fprintf(o.Out, f+"\n", a...) }
+
+	lab, err := labnet.Setup(o.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	r.Lab = lab
+	if !o.KeepUp {
+		defer lab.Teardown()
+	}
+	if err := lab.AddTap("tap0"); err != nil {
+		return nil, err
+	}
+	say("lab: namespaces %s and %s, bridge br0, Kiln on %s, BMC on %s", lab.Srv, lab.LAN, labnet.ServerIP, labnet.BMCAddr)
+
+	img, err := buildImage(o)
+	if err != nil {
+		return nil, err
+	}
+	r.ImageSHA256 = img.SHA256
+	say("image: %s, %d bytes, sha256 %s", filepath.Base(img.Path), img.Size, img.SHA256[:16])
+	disk := filepath.Join(o.Work, "disk.img")
+	_ = os.Remove(disk)
+	if err := os.WriteFile(disk, nil, 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.Truncate(disk, int64(o.DiskMiB)<<20); err != nil {
+		return nil, err
+	}
+
+	k, err := startKiln(ctx, o, lab)
+	if err != nil {
+		return nil, err
+	}
+	say("kiln: serving DHCP/TFTP/HTTP on %s (log %s)", labnet.ServerIf, k.logPath)
+
+	bmcAddr, driver, stateDir, err := startBMC(ctx, o, lab, disk)
+	if err != nil {
+		return nil, err
+	}
+	say("bmc: %s (%s) controls the VM (%s firmware)", bmcAddr, driver, o.Firmware)
+
+	// Intake: the machine as the purchase record / rack plan knows it.
+	mode := "legacy"
+	if o.Firmware == "uefi" {
+		mode = "uefi"
+	}
+	csv := fmt.Sprintf("name,macs,boot_mode,rack,u,labels\nlab-%s,%s,%s,lab-r1,1,lab=e2e\n", o.Firmware, vmMAC, mode)
+	csvPath := filepath.Join(o.Work, "plan.csv")
+	if err := os.WriteFile(csvPath, []byte(csv), 0o644); err != nil {
+		return nil, err
+	}
+	if _, err := k.cli(ctx, "import", csvPath, "-o", "json"); err != nil {
+		return nil, err
+	}
+	var ml api.MachineList
+	if err := k.cliJSON(ctx, &ml, "machines", "list"); err != nil {
+		return nil, err
+	}
+	if len(ml.Items) != 1 {
+		return nil, fmt.Errorf("after import: %d machines, want 1", len(ml.Items))
+	}
+	r.MachineID = ml.Items[0].ID
+	say("import: machine %s (%s) registered", r.MachineID, ml.Items[0].Name)
+
+	out, err := k.cli(ctx, "images", "upload", img.Path, "--name", "lab-image", "--version", "1",
+		"--sha256", img.SHA256, "-q", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var im store.Image
+	if err := json.Unmarshal(out, &im); err != nil {
+		return nil, fmt.Errorf("images upload output: %v: %s", err, out)
+	}
+	say("image: uploaded as %s (%s)", im.ID, im.Name)
+
+	pwFile := filepath.Join(o.Work, "bmc.pw")
+	if err := os.WriteFile(pwFile, []byte(bmcPass), 0o600); err != nil {
+		return nil, err
+	}
+	enroll := []string{"bmc", "enroll", r.MachineID, "--address", bmcAddr, "--driver", driver,
+		"--username", bmcUser, "--password-file", pwFile}
+	if driver == "redfish" {
+		enroll = append(enroll, "--insecure-tls")
+	}
+	if _, err := k.cli(ctx, enroll...); err != nil {
+		return nil, err
+	}
+	say("bmc: enrolled; Kiln sets next boot to PXE and powers the machine on")
+
+	// Follow events until the machine settles.
+	w := &watcher{k: k, o: o, id: r.MachineID, stateDir: stateDir, say: say}
+	if err := w.until(ctx, func(m store.Machine) bool {
+		return m.State == store.StateAvailable || m.State == store.StateFailed || m.State == store.StateQuarantined
+	}); err != nil {
+		return r, err
+	}
+	if w.last.State != store.StateAvailable {
+		return r, fmt.Errorf("inspection ended %s (%s): %s", w.last.State, w.last.Reason, w.last.Message)
+	}
+	say("claim: provisioning %s with %s", r.MachineID, im.ID)
+	if _, err := k.cli(ctx, "machines", "provision", r.MachineID, "--image", im.ID,
+		"--hostname", "lab-node-1", "--role", "worker", "--label", "lab=e2e", "--reason", "e2e"); err != nil {
+		return r, err
+	}
+	if err := w.until(ctx, func(m store.Machine) bool {
+		return m.State == store.StateProvisioned || m.State == store.StateFailed || m.State == store.StateQuarantined
+	}); err != nil {
+		return r, err
+	}
+	r.FinalState, r.Reason = w.last.State, w.last.Reason
+	r.PowerOnAt = w.powerOn
+	if !w.powerOn.IsZero() {
+		r.Seconds = w.lastChange.Sub(w.powerOn).Seconds()
+	}
+
+	switch {
+	case o.WantReason == "" && r.FinalState == store.StateProvisioned:
+		if o.Firmware == "bios" {
+			// The reboot's iPXE script exits to the local disk; SeaBIOS then runs
+			// the image's boot sector, which prints diskMsg on the serial port.
+			r.DiskBooted = waitSerial(ctx, stateDir, diskMsg, 60*time.Second)
+			say("reboot: exit to local disk; boot sector ran: %v", r.DiskBooted)
+		}
+		stopVM(ctx, k, r.MachineID, lab)
+		r.DiskImageOK, err = diskHoldsImage(disk, img)
+		if err != nil {
+			return r, err
+		}
+		if r.Cidata, err = readCidata(disk); err != nil {
+			return r, err
+		}
+		say("disk: image bytes verified on the host: %v; cidata files: %d", r.DiskImageOK, len(r.Cidata))
+	case o.WantReason != "" && r.FinalState == store.StateFailed:
+		stopVM(ctx, k, r.MachineID, lab)
+		r.DiskUntouched, err = allZero(disk)
+		if err != nil {
+			return r, err
+		}
+		say("disk: untouched (all zeros): %v", r.DiskUntouched)
+	}
+	return r, nil
+}
+
+func preflight(o Options) error {
+	if os.Geteuid() != 0 {
+		return labnet.ErrNotRoot
+	}
+	need := []string{"ip", "qemu-system-x86_64", "mkfs.ext4", "sfdisk", "mcopy"}
+	if o.BMC == "ipmi" {
+		need = append(need, "ipmi_sim", "ipmitool")
+	}
+	for _, b := range need {
+		if _, err := exec.LookPath(b); err != nil {
+			return fmt.Errorf("%s not found: run deploy/scripts/install-deps.sh", b)
+		}
+	}
+	for _, f := range []string{"bin/kiln", "bin/vbmc", "build/env/vmlinuz", "build/env/initramfs"} {
+		if _, err := os.Stat(filepath.Join(o.Root, f)); err != nil {
+			return fmt.Errorf("%s missing: run make build env (or make e2e)", f)
+		}
+	}
+	if o.Firmware == "uefi" {
+		for _, f := range []string{ovmfCode, ovmfVars} {
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("%s missing: apt-get install ovmf", f)
+			}
+		}
+	}
+	return nil
+}
+
+// bootSector is x86 real-mode code for the image's MBR: it writes diskMsg to
+// COM1 (I/O port 0x3F8) and halts, so a disk boot is visible on the serial log.
+func bootSector() []byte {
+	code := []byte{
+		0x31, 0xC0, // xor ax,ax
+		0x8E, 0xD8, // mov ds,ax
+		0xFC,             // cld
+		0xBE, 0x17, 0x7C, // mov si,0x7C17 (message)
+		0xBA, 0xF8, 0x03, // mov dx,0x3F8
+		0xAC,       // 0x0B: lodsb
+		0x84, 0xC0, // test al,al
+		0x74, 0x03, // jz 0x13
+		0xEE,       // out dx,al
+		0xEB, 0xF8, // jmp 0x0B
+		0xFA,       // 0x13: cli
+		0xF4,       // hlt
+		0xEB, 0xFC, // jmp 0x13
+	}
+	return append(code, []byte(diskMsg+"\r\n\x00")...)
+}
+
+func buildImage(o Options) (labimage.Image, error) {
+	img, err := labimage.Build(o.Work, "lab", o.ImageMiB, "provisioned-by-kiln")
+	if err != nil {
+		return img, err
+	}
+	f, err := os.OpenFile(img.Path, os.O_WRONLY, 0)
+	if err != nil {
+		return img, err
+	}
+	_, err = f.WriteAt(bootSector(), 0)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return img, err
+	}
+	img.SHA256, img.Size, err = labimage.HashFile(img.Path, -1)
+	return img, err
+}
+
+type kiln struct {
+	lab     *labnet.Lab
+	root    string
+	data    string
+	logPath string
+}
+
+func startKiln(ctx context.Context, o Options, lab *labnet.Lab) (*kiln, error) {
+	data := filepath.Join(o.Work, "kiln-data")
+	_ = os.RemoveAll(data)
+	cfg := fmt.Sprintf(`node_id: kiln-lab
+data_dir: %s
+api:
+  addr: 127.0.0.1:7480
+raft:
+  addr: 127.0.0.1:7481
+  forward_addr: 127.0.0.1:7482
+  bootstrap: true
+boot:
+  interface: %s
+  server_ip: %s
+  http_addr: %s:8080
+  env_dir: %s
+  image_dir: %s
+  kernel_args: ["console=ttyS0,115200"]
+  dhcp:
+    enabled: true
+    mode: authoritative
+    subnets:
+      - cidr: 10.99.0.0/24
+        pool_start: 10.99.0.100
+        pool_end: 10.99.0.199
+        lease_time: 1h
+bmc:
+  timeout: 20s
+  retries: 2
+  ipmi_cipher_suite: "3"
+  ipmi_ignore_valid_bit: true
+lifecycle:
+  step_timeout: 10m
+`, data, labnet.ServerIf, labnet.ServerIP, labnet.ServerIP, filepath.Join(o.Root, "build/env"), filepath.Join(o.Work, "images"))
+	cfgPath := filepath.Join(o.Work, "kiln.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	k := &kiln{lab: lab, root: o.Root, data: data, logPath: filepath.Join(o.Work, "kiln.log")}
+	logf, err := os.Create(k.logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("ip", "netns", "exec", lab.Srv, filepath.Join(o.Root, "bin/kiln"), "serve", "--config", cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := k.cli(ctx, "status", "-o", "json"); err == nil {
+			return k, nil
+		} else if time.Now().After(deadline) {
+			return nil, fmt.Errorf("kiln did not become ready in 30 s (see %s): %w", k.logPath, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// cli runs bin/kiln inside the server namespace, where the API listens on
+// 127.0.0.1, with the admin token of this run.
+func (k *kiln) cli(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := k.lab.Command(ctx, k.lab.Srv, filepath.Join(k.root, "bin/kiln"), args...)
+	cmd.Env = append(os.Environ(), "KILN_SERVER=http://127.0.0.1:7480", "KILN_TOKEN_FILE="+filepath.Join(k.data, "admin.token"), "KILN_TOKEN=")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("kiln %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return out, nil
+}
+
+func (k *kiln) cliJSON(ctx context.Context, v any, args ...string) error {
+	out, err := k.cli(ctx, append(args, "-o", "json")...)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		return fmt.Errorf("kiln %s: decoding output: %v", strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// watcher prints the machine's events as they come and tracks its state.
+type watcher struct {
+	k          *kiln
+	o          Options
+	id         string
+	stateDir   string
+	say        func(string, ...any)
+	after      uint64
+	last       store.Machine
+	powerOn    time.Time
+	lastChange time.Time
+}
+
+func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) error {
+	for {
+		var el api.EventList
+		if err := w.k.cliJSON(ctx, &el, "events", "--after", strconv.FormatUint(w.after, 10)); err != nil {
+			return err
+		}
+		for _, e := range el.Events {
+			if e.Index > w.after {
+				w.after = e.Index
+			}
+			w.print(e)
+		}
+		if w.powerOn.IsZero() {
+			// Power-on as the VM sees it: the BMC started qemu with a serial log.
+			if logs, _ := filepath.Glob(filepath.Join(w.stateDir, "serial*.log")); len(logs) > 0 {
+				w.powerOn = time.Now()
+				w.say("  power: the BMC started the VM")
+			}
+		}
+		var m store.Machine
+		if err := w.k.cliJSON(ctx, &m, "machines", "get", w.id); err != nil {
+			return err
+		}
+		if m.State != w.last.State {
+			w.lastChange = time.Now()
+		}
+		w.last = m
+		if done(m) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("machine %s stuck in %s (%s): %w", w.id, m.State, m.Reason, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (w *watcher) print(e store.Event) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "  event %-5d %-10s %-22s", e.Index, e.Kind, e.Subject)
+	if e.From != "" || e.To != "" {
+		fmt.Fprintf(&b, " %s→%s", e.From, e.To)
+	}
+	if e.Reason != "" {
+		fmt.Fprintf(&b, " reason=%s", e.Reason)
+	}
+	if e.Message != "" {
+		msg := e.Message
+		if len(msg) > 100 {
+			msg = msg[:100] + "…"
+		}
+		fmt.Fprintf(&b, " %q", msg)
+	}
+	w.say("%s", b.String())
+}
+
+const (
+	ovmfCode = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+	ovmfVars = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+)
+
+// qemuArgs is the VM: network first (bootindex 1), then its virtio disk.
+func qemuArgs(o Options, disk string) []string {
+	args := []string{"qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-smp", "1", "-uuid", vmUUID,
+		"-nodefaults", "-nographic", "-monitor", "none"}
+	if o.Firmware == "uefi" {
+		vars := filepath.Join(o.Work, "OVMF_VARS.fd")
+		args = append(args, "-machine", "q35",
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+ovmfCode,
+			"-drive", "if=pflash,format=raw,unit=1,file="+vars)
+	} else {
+		args = append(args, "-machine", "pc")
+	}
+	return append(args,
+		"-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,mac="+vmMAC+",bootindex=1",
+		"-drive", "file="+disk+",format=raw,if=none,id=d0,cache=writeback",
+		"-device", "virtio-blk-pci,drive=d0,bootindex=2")
+}
+
+func startBMC(ctx context.Context, o Options, lab *labnet.Lab, disk string) (addr, driver, stateDir string, err error) {
+	stateDir = filepath.Join(o.Work, "bmc")
+	_ = os.RemoveAll(stateDir)
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return "", "", "", err
+	}
+	if o.Firmware == "uefi" {
+		b, err := os.ReadFile(ovmfVars)
+		if err != nil {
+			return "", "", "", err
+		}
+		if err := os.WriteFile(filepath.Join(o.Work, "OVMF_VARS.fd"), b, 0o644); err != nil {
+			return "", "", "", err
+		}
+	}
+	args := qemuArgs(o, disk)
+	switch o.BMC {
+	case "ipmi":
+		if err := os.WriteFile(filepath.Join(stateDir, "qemu.args"), []byte(strings.Join(args, "\n")+"\n"), 0o644); err != nil {
+			return "", "", "", err
+		}
+		labDir := filepath.Join(o.Root, "deploy/lab/ipmi")
+		tmpl, err := os.ReadFile(filepath.Join(labDir, "lan.conf.in"))
+		if err != nil {
+			return "", "", "", err
+		}
+		conf := strings.NewReplacer("@NAME@", "kiln-lab-bmc", "@ADDR@", labnet.BMCAddr, "@PORT@", "623",
+			"@USER@", bmcUser, "@PASSWORD@", bmcPass, "@CHASSIS@", filepath.Join(labDir, "chassis.sh"),
+			"@STATEDIR@", stateDir).Replace(string(tmpl))
+		confPath := filepath.Join(stateDir, "lan.conf")
+		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+			return "", "", "", err
+		}
+		logf, err := os.Create(filepath.Join(stateDir, "ipmi_sim.log"))
+		if err != nil {
+			return "", "", "", err
+		}
+		cmd := exec.Command("ip", "netns", "exec", lab.LAN, "ipmi_sim", "-c", confPath,
+			"-f", filepath.Join(labDir, "bmc.emu"), "-n", "-s", stateDir)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			logf.Close()
+			return "", "", "", err
+		}
+		go func() { _ = cmd.Wait(); logf.Close() }()
+		// ipmi_sim is ready when it answers on UDP 623.
+		for i := 0; i < 50; i++ {
+			probe := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Srv, "ipmitool", "-I", "lanplus", "-C", "3",
+				"-H", labnet.BMCAddr, "-U", bmcUser, "-P", bmcPass, "-N", "1", "-R", "1", "chassis", "power", "status")
+			if probe.Run() == nil {
+				return labnet.BMCAddr, "ipmi", stateDir, nil
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return "", "", "", fmt.Errorf("ipmi_sim did not answer on %s:623 (see %s)", labnet.BMCAddr, filepath.Join(stateDir, "ipmi_sim.log"))
+	case "redfish":
+		if err := os.WriteFile(filepath.Join(stateDir, "qemu.args"), []byte(strings.Join(args, "\n")+"\n"), 0o644); err != nil {
+			return "", "", "", err
+		}
+		pw := filepath.Join(stateDir, "pw")
+		if err := os.WriteFile(pw, []byte(bmcPass), 0o600); err != nil {
+			return "", "", "", err
+		}
+		mode := "Legacy"
+		if o.Firmware == "uefi" {
+			mode = "UEFI"
+		}
+		logf, err := os.Create(filepath.Join(stateDir, "vbmc.log"))
+		if err != nil {
+			return "", "", "", err
+		}
+		listen := labnet.BMCAddr + ":8443"
+		cmd := exec.Command("ip", "netns", "exec", lab.LAN, filepath.Join(o.Root, "bin/vbmc"), "--listen", listen,
+			"--user", bmcUser, "--password-file", pw, "--qemu-args-file", filepath.Join(stateDir, "qemu.args"),
+			"--state-dir", stateDir, "--mode", mode, "--uuid", vmUUID, "--mac", vmMAC)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			logf.Close()
+			return "", "", "", err
+		}
+		go func() { _ = cmd.Wait(); logf.Close() }()
+		for i := 0; i < 50; i++ {
+			probe := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Srv, "curl", "-ksf", "-o", "/dev/null", "https://"+listen+"/redfish/v1/")
+			if probe.Run() == nil {
+				return "https://" + listen, "redfish", stateDir, nil
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return "", "", "", fmt.Errorf("vbmc did not answer on %s (see %s)", listen, filepath.Join(stateDir, "vbmc.log"))
+	}
+	return "", "", "", fmt.Errorf("unknown BMC kind %q (ipmi or redfish)", o.BMC)
+}
+
+// stopVM powers the machine off (SIGKILL of qemu through the namespace
+// teardown would also do, but the disk must be settled before it is read).
+func stopVM(ctx context.Context, k *kiln, id string, lab *labnet.Lab) {
+	out, _ := exec.Command("ip", "netns", "pids", lab.LAN).Output()
+	for _, f := range strings.Fields(string(out)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if bytes.HasPrefix(cmdline, []byte("qemu-system")) {
+			if p, err := os.FindProcess(pid); err == nil {
+				_ = p.Kill()
+			}
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+}
+
+func waitSerial(ctx context.Context, dir, marker string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		logs, _ := filepath.Glob(filepath.Join(dir, "serial*.log"))
+		for _, l := range logs {
+			if b, err := os.ReadFile(l); err == nil && bytes.Contains(b, []byte(marker)) {
+				return true
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return false
+}
+
+// diskHoldsImage compares the disk with the image byte for byte over the
+// image's length. The only bytes allowed to differ are the MBR's partition
+// entry slots (446..509), where stage appends the cidata partition.
+func diskHoldsImage(disk string, img labimage.Image) (bool, error) {
+	a, err := os.Open(disk)
+	if err != nil {
+		return false, err
+	}
+	defer a.Close()
+	b, err := os.Open(img.Path)
+	if err != nil {
+		return false, err
+	}
+	defer b.Close()
+	bufA, bufB := make([]byte, 1<<20), make([]byte, 1<<20)
+	var off int64
+	for off < img.Size {
+		n := int64(len(bufA))
+		if img.Size-off < n {
+			n = img.Size - off
+		}
+		if _, err := io.ReadFull(a, bufA[:n]); err != nil {
+			return false, fmt.Errorf("reading disk at %d: %w", off, err)
+		}
+		if _, err := io.ReadFull(b, bufB[:n]); err != nil {
+			return false, err
+		}
+		if off == 0 {
+			copy(bufA[446:510], bufB[446:510])
+			// The image's own partition (entry 1) must be unchanged.
+			if !bytes.Equal(bufA[:462], bufB[:462]) {
+				return false, nil
+			}
+		}
+		if !bytes.Equal(bufA[:n], bufB[:n]) {
+			return false, nil
+		}
+		off += n
+	}
+	return true, nil
+}
+
+func allZero(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := f.Read(buf)
+		for _, c := range buf[:n] {
+			if c != 0 {
+				return false, nil
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+}
+
+// readCidata finds the partition labelled CIDATA that stage appended (sfdisk
+// JSON for its offset) and copies its files out with mtools.
+func readCidata(disk string) (map[string]string, error) {
+	out, err := exec.Command("sfdisk", "-J", disk).Output()
+	if err != nil {
+		return nil, fmt.Errorf("sfdisk -J %s: %w", disk, err)
+	}
+	var pt struct {
+		PartitionTable struct {
+			Partitions []struct {
+				Start int64 `json:"start"`
+			} `json:"partitions"`
+		} `json:"partitiontable"`
+	}
+	if err := json.Unmarshal(out, &pt); err != nil {
+		return nil, err
+	}
+	for _, p := range pt.PartitionTable.Partitions[1:] {
+		img := fmt.Sprintf("%s@@%d", disk, p.Start*512)
+		files := map[string]string{}
+		for _, name := range []string{"meta-data", "user-data", "network-config"} {
+			b, err := exec.Command("mtype", "-i", img, "::"+name).Output()
+			if err == nil {
+				files[name] = string(b)
+			}
+		}
+		if len(files) > 0 {
+			return files, nil
+		}
+	}
+	return nil, errors.New("no cidata partition with NoCloud files found on the disk")
+}

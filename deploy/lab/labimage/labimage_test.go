@@ -1,0 +1,34 @@
+package labimage
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func TestBuildIsRealAndRepeatable(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("needs e2fsprogs (deploy/scripts/install-deps.sh)")
+	}
+	a, err := Build(t.TempDir(), "a", 8, "kiln-lab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Size != 9<<20 {
+		t.Fatalf("size %d, want %d", a.Size, 9<<20)
+	}
+	out, err := exec.Command("sfdisk", "-d", a.Path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sfdisk -d: %v: %s", err, out)
+	}
+	if !strings.Contains(string(out), "start=        2048") || !strings.Contains(string(out), "type=83") {
+		t.Fatalf("partition table not as built:\n%s", out)
+	}
+	b, err := Build(t.TempDir(), "a", 8, "kiln-lab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.SHA256 != b.SHA256 {
+		t.Fatalf("two builds differ: %s vs %s", a.SHA256, b.SHA256)
+	}
+}

@@ -1,0 +1,15 @@
+// Package vbmc is Kiln's virtual Redfish BMC for the lab and the tests: a small HTTPS
+// Redfish service (DSP0266; ServiceRoot, SessionService, one ComputerSystem with Boot
+// override and ComputerSystem.Reset, EthernetInterfaces, one Manager, one Chassis) that
+// drives a qemu VM through QMP (qemu's JSON machine protocol on a unix socket), the way
+// sushy-tools drives libvirt.
+//
+// Power on starts qemu from a configured command line (plus -qmp, -serial and, for a
+// pending boot override, -boot once=n|c); ForceOff sends QMP "quit" (kill on failure);
+// ForceRestart/GracefulRestart send "system_reset", or restart the process when a boot
+// override is pending so that it takes effect; PowerCycle restarts the process.
+//
+// [Quirks] replay recorded vendor behaviours (override ignored, Mode rejected, half
+// applied then 400, error on off-when-off, slow answers) so clients can be tested
+// against them. It is test/lab code, not part of the appliance.
+package vbmc

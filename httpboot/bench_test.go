@@ -1,0 +1,182 @@
+package httpboot
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestBenchBoot (KILN_BENCH=1): a 2 GiB (sparse) image over HTTP on
+// loopback to 1 and to 20 parallel curl clients (all 20 fetch the same
+// file, each the whole 2 GiB), Kiln vs Debian's nginx (sendfile on) in the
+// same run; plus the resident memory of each while serving 20 clients.
+func TestBenchBoot(t *testing.T) {
+	if os.Getenv("KILN_BENCH") != "1" {
+		t.Skip("benchmark: set KILN_BENCH=1")
+	}
+	for _, b := range []string{"curl", "nginx"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("needs %s", b)
+		}
+	}
+	const size = 2 << 30
+	e := startHTTP(t, "127.0.0.1:0", nil)
+	img := filepath.Join(e.srv.Catalog().Dir(), "big.img")
+	f, err := os.Create(img)
+	must(t, err)
+	must(t, f.Truncate(size))
+	f.Close()
+	start := time.Now()
+	if _, err := e.srv.Catalog().List(); err != nil { // hash once (ETag), outside the timing
+		t.Fatal(err)
+	}
+	t.Logf("first SHA-256 of 2 GiB: %s", time.Since(start))
+
+	ngx := startNginx(t, e.srv.Catalog().Dir())
+	kurl := e.base + "/images/big.img"
+	purl := ngx.base + "/big.img"
+
+	fetch := func(url string, n int) float64 {
+		script := fmt.Sprintf(`for i in $(seq %d); do curl -sS -o /dev/null -w '%%{size_download}\n' %s & done; wait`, n, url)
+		start := time.Now()
+		out, err := exec.Command("sh", "-c", script).CombinedOutput()
+		d := time.Since(start).Seconds()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", url, err, out)
+		}
+		ok := 0
+		for _, s := range strings.Fields(string(out)) {
+			if v, _ := strconv.ParseInt(s, 10, 64); v == size {
+				ok++
+			}
+		}
+		if ok != n {
+			t.Fatalf("%s: %d of %d complete\n%s", url, ok, n, out)
+		}
+		return float64(n) * size / d
+	}
+	fetch(kurl, 1) // warm the page cache
+	k1, p1 := fetch(kurl, 1), fetch(purl, 1)
+	k1b, p1b := fetch(kurl, 1), fetch(purl, 1)
+	k1, p1 = max(k1, k1b), max(p1, p1b)
+	fmt.Printf("bench: http_image_1client_bytes_per_s kiln=%.0f peer=%.0f unit=bytes_per_s ratio=%.3f\n", k1, p1, k1/p1)
+
+	rssBefore := rssOf(t, os.Getpid())
+	var kPeak, pPeak int64
+	k20 := sampling(func() float64 { return fetch(kurl, 20) }, func() { kPeak = max(kPeak, rssOf(t, os.Getpid())) })
+	p20 := sampling(func() float64 { return fetch(purl, 20) }, func() { pPeak = max(pPeak, ngx.rss(t)) })
+	rssAfter := rssOf(t, os.Getpid())
+	fmt.Printf("bench: http_image_20clients_bytes_per_s kiln=%.0f peer=%.0f unit=bytes_per_s ratio=%.3f\n", k20, p20, k20/p20)
+	fmt.Printf("bench: http_rss_bytes kiln=%d peer=%d unit=bytes ratio=%.3f\n", kPeak, pPeak, float64(kPeak)/float64(pPeak))
+	fmt.Printf("bench: http_rss_growth_bytes kiln=%d peer=0 unit=bytes ratio=0\n", rssAfter-rssBefore)
+	t.Logf("kiln RSS before %d, peak %d, after %d (test process, includes the Go test runtime)", rssBefore, kPeak, rssAfter)
+}
+
+// sampling runs work while calling sample every 100 ms.
+func sampling(work func() float64, sample func()) float64 {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			sample()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	v := work()
+	cancel()
+	wg.Wait()
+	return v
+}
+
+// rssOf reads VmRSS of pid in bytes.
+func rssOf(t testing.TB, pid int) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0 // process gone
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+type nginx struct {
+	base string
+	cmd  *exec.Cmd
+}
+
+// rss sums the resident memory of the nginx master and its workers.
+func (n *nginx) rss(t testing.TB) int64 {
+	total := rssOf(t, n.cmd.Process.Pid)
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.cmd.Process.Pid, n.cmd.Process.Pid))
+	for _, c := range strings.Fields(string(b)) {
+		pid, _ := strconv.Atoi(c)
+		total += rssOf(t, pid)
+	}
+	return total
+}
+
+// startNginx serves dir on a free loopback port with a config in a temp dir.
+func startNginx(t testing.TB, dir string) *nginx {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	tmp := t.TempDir()
+	conf := fmt.Sprintf(`daemon off;
+user root;
+master_process on;
+worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  default_type application/octet-stream;
+  server { listen %[2]s; root %[3]s; }
+}
+`, tmp, addr, dir)
+	must(t, os.WriteFile(filepath.Join(tmp, "nginx.conf"), []byte(conf), 0o644))
+	cmd := exec.Command("nginx", "-c", filepath.Join(tmp, "nginx.conf"), "-p", tmp)
+	cmd.Stderr = os.Stderr
+	must(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for i := 0; i < 100; i++ {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return &nginx{base: "http://" + addr, cmd: cmd}
+}

@@ -1,0 +1,420 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"go.etcd.io/bbolt"
+)
+
+// ---- writes (each is one raft command; ctx bounds it together with
+// Config.ApplyTimeout; on a follower the command is forwarded) ----
+
+func one[T any](vals []json.RawMessage, err error) (T, error) {
+	var v T
+	if err != nil {
+		return v, err
+	}
+	if len(vals) != 1 {
+		return v, fmt.Errorf("store: expected 1 record in result, got %d", len(vals))
+	}
+	return v, json.Unmarshal(vals[0], &v)
+}
+
+// PutSite creates (empty ID → leader assigns "site-<16 hex>") or updates a
+// Site; CAS on ResourceVersion≠0. Returns the stored record. Errors:
+// ErrConflict, ErrNotFound (RV≠0 on a missing ID), ErrNotLeader.
+func (s *Store) PutSite(ctx context.Context, v Site, w W) (Site, error) {
+	return one[Site](s.write(ctx, &command{Type: CmdPutSite, W: w, Site: &v}))
+}
+
+// PutRack is PutSite for racks (IDs "rack-<hex>").
+func (s *Store) PutRack(ctx context.Context, v Rack, w W) (Rack, error) {
+	return one[Rack](s.write(ctx, &command{Type: CmdPutRack, W: w, Rack: &v}))
+}
+
+// PutMachine creates a machine (ID empty → leader assigns "m-<16 hex>"; or
+// ID given and absent, ResourceVersion 0) or updates one (CAS when
+// ResourceVersion≠0; empty State keeps the current one). A create may use
+// State registered (default) or discovered; a state change must satisfy
+// CanTransition, else *IllegalTransitionError, and emits a "transition"
+// event carrying w. NIC MACs are stored lower-case; a MAC held by another
+// machine gives ErrDuplicateMAC.
+func (s *Store) PutMachine(ctx context.Context, m Machine, w W) (Machine, error) {
+	return one[Machine](s.write(ctx, &command{Type: CmdPutMachines, W: w, Machines: []Machine{m}}))
+}
+
+// PutMachines applies PutMachine to every element in ONE raft command,
+// all-or-nothing: the first refused element fails the whole call (its
+// index and ID are in the error). Returns the stored records in order.
+func (s *Store) PutMachines(ctx context.Context, ms []Machine, w W) ([]Machine, error) {
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	vals, err := s.write(ctx, &command{Type: CmdPutMachines, W: w, Machines: ms})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Machine, len(vals))
+	for i, v := range vals {
+		if err := json.Unmarshal(v, &out[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// DeleteMachine removes machine id and its index entries (ErrNotFound if
+// absent) and emits a "deleted" event.
+func (s *Store) DeleteMachine(ctx context.Context, id string, w W) error {
+	_, err := s.write(ctx, &command{Type: CmdDeleteMachine, W: w, ID: id})
+	return err
+}
+
+// PutBMC is PutSite for BMC records (IDs "bmc-<hex>").
+func (s *Store) PutBMC(ctx context.Context, v BMC, w W) (BMC, error) {
+	return one[BMC](s.write(ctx, &command{Type: CmdPutBMC, W: w, BMC: &v}))
+}
+
+// PutSecret stores an already-sealed (encrypted) value under key. The
+// value never appears in events or logs.
+func (s *Store) PutSecret(ctx context.Context, key string, sealed []byte, w W) error {
+	_, err := s.write(ctx, &command{Type: CmdPutSecret, W: w, Key: key, Sealed: sealed})
+	return err
+}
+
+// PutImage is PutSite for catalog images (IDs "img-<hex>").
+func (s *Store) PutImage(ctx context.Context, v Image, w W) (Image, error) {
+	return one[Image](s.write(ctx, &command{Type: CmdPutImage, W: w, Image: &v}))
+}
+
+// DeleteImage removes image id (ErrNotFound if absent).
+func (s *Store) DeleteImage(ctx context.Context, id string, w W) error {
+	_, err := s.write(ctx, &command{Type: CmdDeleteImage, W: w, ID: id})
+	return err
+}
+
+// PutJob is PutSite for jobs (IDs "job-<hex>"); its event has kind "job"
+// and From/To = old/new Job.State.
+func (s *Store) PutJob(ctx context.Context, v Job, w W) (Job, error) {
+	return one[Job](s.write(ctx, &command{Type: CmdPutJob, W: w, Job: &v}))
+}
+
+// PutLeases upserts DHCP leases keyed by MAC in ONE raft command (batch
+// lease writes to save commits). Expiry is taken as given: the caller
+// (the DHCP server) fixes it before calling, never the FSM. A "lease"
+// event is appended only when a lease is new or changes IP or State.
+func (s *Store) PutLeases(ctx context.Context, ls []Lease) error {
+	if len(ls) == 0 {
+		return nil
+	}
+	_, err := s.write(ctx, &command{Type: CmdPutLeases, W: W{Actor: "dhcp"}, Leases: ls})
+	return err
+}
+
+// AppendEvents appends caller-made events (step reports, job progress) in
+// one command. Index, Seq and Time are fixed by the store (leader time).
+// Each event needs Subject and Kind (ErrInvalid).
+func (s *Store) AppendEvents(ctx context.Context, evs []Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	_, err := s.write(ctx, &command{Type: CmdAppendEvents, Events: evs})
+	return err
+}
+
+// ---- reads (local replica; call Barrier first for a current read) ----
+
+func getRec[T any](f *fsm, bucket []byte, kind, id string) (T, error) {
+	var v T
+	err := f.view(func(tx *bbolt.Tx) error {
+		raw := tx.Bucket(bucket).Get([]byte(id))
+		if raw == nil {
+			return fmt.Errorf("%w: %s %s", ErrNotFound, kind, id)
+		}
+		return json.Unmarshal(raw, &v)
+	})
+	return v, err
+}
+
+func listRec[T any](f *fsm, bucket []byte) ([]T, error) {
+	var out []T
+	err := f.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(_, raw []byte) error {
+			var v T
+			if err := json.Unmarshal(raw, &v); err != nil {
+				return err
+			}
+			out = append(out, v)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// GetSite returns site id or ErrNotFound.
+func (s *Store) GetSite(id string) (Site, error) { return getRec[Site](s.fsm, bSites, "site", id) }
+
+// ListSites returns every site ordered by ID.
+func (s *Store) ListSites() ([]Site, error) { return listRec[Site](s.fsm, bSites) }
+
+// GetRack returns rack id or ErrNotFound.
+func (s *Store) GetRack(id string) (Rack, error) { return getRec[Rack](s.fsm, bRacks, "rack", id) }
+
+// ListRacks returns every rack ordered by ID.
+func (s *Store) ListRacks() ([]Rack, error) { return listRec[Rack](s.fsm, bRacks) }
+
+// GetMachine returns machine id or ErrNotFound.
+func (s *Store) GetMachine(id string) (Machine, error) {
+	return getRec[Machine](s.fsm, bMachines, "machine", id)
+}
+
+// MachineByMAC returns the machine owning mac (any accepted MAC form; index
+// over Intended.NICs and Discovered.NICs), ErrInvalid for a malformed MAC,
+// or ErrNotFound.
+func (s *Store) MachineByMAC(mac string) (Machine, error) {
+	norm, err := NormalizeMAC(mac)
+	if err != nil {
+		return Machine{}, err
+	}
+	var m Machine
+	err = s.fsm.view(func(tx *bbolt.Tx) error {
+		id := tx.Bucket(bIdxMAC).Get([]byte(norm))
+		if id == nil {
+			return fmt.Errorf("%w: machine with MAC %s", ErrNotFound, norm)
+		}
+		raw := tx.Bucket(bMachines).Get(id)
+		if raw == nil {
+			return fmt.Errorf("%w: index names missing machine %s", ErrCorrupt, id)
+		}
+		return json.Unmarshal(raw, &m)
+	})
+	return m, err
+}
+
+// ListOptions filters ListMachines. Zero fields do not filter. After is a
+// cursor (the last ID of the previous page); Limit ≤ 0 means no limit.
+type ListOptions struct {
+	State  MachineState
+	Rack   string
+	Labels map[string]string
+	After  string
+	Limit  int
+}
+
+// ListMachines returns machines ordered by ID that match opt, at most
+// opt.Limit, and next = the last returned ID when more matches exist ("" at
+// the end). A State filter walks the state index (state→ID), so it costs
+// O(machines in that state).
+func (s *Store) ListMachines(opt ListOptions) (items []Machine, next string, err error) {
+	match := func(m *Machine) bool {
+		if opt.Rack != "" && m.Rack != opt.Rack {
+			return false
+		}
+		for k, v := range opt.Labels {
+			if m.Labels[k] != v {
+				return false
+			}
+		}
+		return true
+	}
+	err = s.fsm.view(func(tx *bbolt.Tx) error {
+		machines := tx.Bucket(bMachines)
+		// visit returns false to stop.
+		visit := func(id, raw []byte) (bool, error) {
+			var m Machine
+			if err := json.Unmarshal(raw, &m); err != nil {
+				return false, fmt.Errorf("%w: machine %s: %v", ErrCorrupt, id, err)
+			}
+			if !match(&m) {
+				return true, nil
+			}
+			if opt.Limit > 0 && len(items) == opt.Limit {
+				next = items[len(items)-1].ID
+				return false, nil
+			}
+			items = append(items, m)
+			return true, nil
+		}
+		if opt.State != "" {
+			prefix := []byte(string(opt.State) + "\x00")
+			c := tx.Bucket(bIdxState).Cursor()
+			seek := prefix
+			if opt.After != "" {
+				seek = append(append([]byte{}, prefix...), opt.After...)
+			}
+			for k, _ := c.Seek(seek); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+				id := k[len(prefix):]
+				if opt.After != "" && string(id) <= opt.After {
+					continue
+				}
+				raw := machines.Get(id)
+				if raw == nil {
+					return fmt.Errorf("%w: state index names missing machine %s", ErrCorrupt, id)
+				}
+				if cont, err := visit(id, raw); err != nil || !cont {
+					return err
+				}
+			}
+			return nil
+		}
+		c := machines.Cursor()
+		k, raw := c.First()
+		if opt.After != "" {
+			k, raw = c.Seek([]byte(opt.After))
+			if k != nil && string(k) == opt.After {
+				k, raw = c.Next()
+			}
+		}
+		for ; k != nil; k, raw = c.Next() {
+			if cont, err := visit(k, raw); err != nil || !cont {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return items, next, nil
+}
+
+// CountByState returns the number of machines in each state (states with
+// no machines are absent). Walks the state index only.
+func (s *Store) CountByState() (map[MachineState]int, error) {
+	out := map[MachineState]int{}
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bIdxState).ForEach(func(k, _ []byte) error {
+			if i := bytes.IndexByte(k, 0); i > 0 {
+				out[MachineState(k[:i])]++
+			}
+			return nil
+		})
+	})
+	return out, err
+}
+
+// GetBMC returns BMC id or ErrNotFound.
+func (s *Store) GetBMC(id string) (BMC, error) { return getRec[BMC](s.fsm, bBMCs, "bmc", id) }
+
+// Secret returns the sealed value stored under key, or ErrNotFound.
+func (s *Store) Secret(key string) ([]byte, error) {
+	var out []byte
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		v := tx.Bucket(bSecrets).Get([]byte(key))
+		if v == nil {
+			return fmt.Errorf("%w: secret %s", ErrNotFound, key)
+		}
+		out = append([]byte{}, v...)
+		return nil
+	})
+	return out, err
+}
+
+// GetImage returns image id or ErrNotFound.
+func (s *Store) GetImage(id string) (Image, error) { return getRec[Image](s.fsm, bImages, "image", id) }
+
+// ListImages returns every image ordered by ID.
+func (s *Store) ListImages() ([]Image, error) { return listRec[Image](s.fsm, bImages) }
+
+// GetJob returns job id or ErrNotFound.
+func (s *Store) GetJob(id string) (Job, error) { return getRec[Job](s.fsm, bJobs, "job", id) }
+
+// ListJobs returns the jobs of machine (all jobs when machine is ""),
+// ordered by job ID.
+func (s *Store) ListJobs(machine string) ([]Job, error) {
+	if machine == "" {
+		return listRec[Job](s.fsm, bJobs)
+	}
+	var out []Job
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		prefix := []byte(machine + "\x00")
+		jobs := tx.Bucket(bJobs)
+		c := tx.Bucket(bIdxJob).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			raw := jobs.Get(k[len(prefix):])
+			if raw == nil {
+				continue
+			}
+			var j Job
+			if err := json.Unmarshal(raw, &j); err != nil {
+				return err
+			}
+			out = append(out, j)
+		}
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, err
+}
+
+// Lease returns the lease of mac (any accepted MAC form) or ErrNotFound.
+func (s *Store) Lease(mac string) (Lease, error) {
+	norm, err := NormalizeMAC(mac)
+	if err != nil {
+		return Lease{}, err
+	}
+	return getRec[Lease](s.fsm, bLeases, "lease", norm)
+}
+
+// Leases returns every lease ordered by MAC.
+func (s *Store) Leases() ([]Lease, error) { return listRec[Lease](s.fsm, bLeases) }
+
+// DefaultEventLimit is the page size of Events when limit ≤ 0.
+const DefaultEventLimit = 1000
+
+// Events returns up to limit events with Index > after, in (Index, Seq)
+// order. The last returned event's Index is the next cursor. A page never
+// splits one command's events: when limit is reached inside a raft index,
+// the rest of that index's events are included too (so a page may exceed
+// limit by the events of one command).
+func (s *Store) Events(after uint64, limit int) ([]Event, error) {
+	if limit <= 0 {
+		limit = DefaultEventLimit
+	}
+	var out []Event
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bEvents).Cursor()
+		var seek [8]byte
+		binary.BigEndian.PutUint64(seek[:], after+1)
+		for k, v := c.Seek(seek[:]); k != nil; k, v = c.Next() {
+			if len(out) >= limit && binary.BigEndian.Uint64(k) != out[len(out)-1].Index {
+				break
+			}
+			var ev Event
+			if err := json.Unmarshal(v, &ev); err != nil {
+				return fmt.Errorf("%w: event %x: %v", ErrCorrupt, k, err)
+			}
+			out = append(out, ev)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// LastEventIndex returns the raft index of the newest event on this
+// replica (0 when there is none).
+func (s *Store) LastEventIndex() uint64 { return s.fsm.lastEvent.Load() }
+
+// WaitEvents blocks until this replica holds an event with Index > after,
+// or ctx ends (ctx.Err()), or the store closes (ErrClosed). It waits on a
+// channel the FSM closes when it appends events; it does not poll.
+func (s *Store) WaitEvents(ctx context.Context, after uint64) error {
+	for {
+		ch, _ := s.fsm.waitChans()
+		if s.fsm.lastEvent.Load() > after {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+			return ErrClosed
+		}
+	}
+}

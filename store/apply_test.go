@@ -1,0 +1,390 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"go.etcd.io/bbolt"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func testDB(t testing.TB) *bbolt.DB {
+	t.Helper()
+	db, err := openFSMFile(filepath.Join(t.TempDir(), "fsm.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// run applies c at index in its own transaction (rolled back on error),
+// exactly as the FSM does, but without raft.
+func run(t testing.TB, db *bbolt.DB, index uint64, c *command) ([]json.RawMessage, error) {
+	t.Helper()
+	if c.Time.IsZero() {
+		c.Time = t0.Add(time.Duration(index) * time.Second)
+	}
+	// Round-trip through the log encoding, as a real entry would.
+	data, err := encodeCommand(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := decodeCommand(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vals []json.RawMessage
+	err = db.Update(func(tx *bbolt.Tx) error {
+		var e error
+		vals, _, e = apply(tx, index, dc)
+		return e
+	})
+	return vals, err
+}
+
+func machineAt(t *testing.T, db *bbolt.DB, id string) (Machine, bool) {
+	var m Machine
+	found := false
+	_ = db.View(func(tx *bbolt.Tx) error {
+		raw := tx.Bucket(bMachines).Get([]byte(id))
+		if raw != nil {
+			found = true
+			return json.Unmarshal(raw, &m)
+		}
+		return nil
+	})
+	return m, found
+}
+
+func allEvents(t *testing.T, db *bbolt.DB) []Event {
+	var out []Event
+	_ = db.View(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bEvents).ForEach(func(_, v []byte) error {
+			var ev Event
+			if err := json.Unmarshal(v, &ev); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, ev)
+			return nil
+		})
+	})
+	return out
+}
+
+func nic(mac string) Hardware { return Hardware{NICs: []NIC{{MAC: mac}}} }
+
+func TestApplyMachineTable(t *testing.T) {
+	db := testDB(t)
+	w := W{Actor: "test", Reason: "r"}
+	steps := []struct {
+		name    string
+		m       Machine
+		wantErr error
+		illegal bool
+		state   MachineState
+		rv      uint64
+	}{
+		{name: "create default registered", m: Machine{Meta: Meta{ID: "m-1"}, Intended: nic("AA:BB:CC:00:00:01")}, state: StateRegistered, rv: 1},
+		{name: "create existing id without RV is an update", m: Machine{Meta: Meta{ID: "m-1"}, Name: "x", Intended: nic("aa:bb:cc:00:00:01")}, state: StateRegistered, rv: 2},
+		{name: "create in available refused", m: Machine{Meta: Meta{ID: "m-2"}, State: StateAvailable}, illegal: true},
+		{name: "create discovered", m: Machine{Meta: Meta{ID: "m-2"}, State: StateDiscovered, Intended: nic("aa:bb:cc:00:00:02")}, state: StateDiscovered, rv: 4},
+		{name: "RV on missing id", m: Machine{Meta: Meta{ID: "m-9", ResourceVersion: 3}}, wantErr: ErrNotFound},
+		{name: "CAS conflict", m: Machine{Meta: Meta{ID: "m-1", ResourceVersion: 1}, State: StateInspecting}, wantErr: ErrConflict},
+		{name: "CAS ok transition", m: Machine{Meta: Meta{ID: "m-1", ResourceVersion: 2}, State: StateInspecting, Intended: nic("aa:bb:cc:00:00:01")}, state: StateInspecting, rv: 7},
+		{name: "illegal inspecting→provisioned", m: Machine{Meta: Meta{ID: "m-1"}, State: StateProvisioned}, illegal: true},
+		{name: "unknown state", m: Machine{Meta: Meta{ID: "m-1"}, State: "bogus"}, wantErr: ErrInvalid},
+		{name: "duplicate MAC", m: Machine{Meta: Meta{ID: "m-2"}, Intended: nic("aa:bb:cc:00:00:01")}, wantErr: ErrDuplicateMAC},
+		{name: "bad MAC", m: Machine{Meta: Meta{ID: "m-3"}, Intended: nic("zz")}, wantErr: ErrInvalid},
+	}
+	for i, st := range steps {
+		idx := uint64(i + 1)
+		vals, err := run(t, db, idx, &command{Type: CmdPutMachines, W: w, Machines: []Machine{st.m}})
+		var ite *IllegalTransitionError
+		switch {
+		case st.illegal:
+			if !errors.As(err, &ite) {
+				t.Fatalf("%s: err %v, want IllegalTransitionError", st.name, err)
+			}
+			continue
+		case st.wantErr != nil:
+			if !errors.Is(err, st.wantErr) {
+				t.Fatalf("%s: err %v, want %v", st.name, err, st.wantErr)
+			}
+			continue
+		case err != nil:
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		var got Machine
+		if err := json.Unmarshal(vals[0], &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.State != st.state || got.ResourceVersion != st.rv {
+			t.Fatalf("%s: state %s rv %d, want %s %d", st.name, got.State, got.ResourceVersion, st.state, st.rv)
+		}
+		if !got.UpdatedAt.Equal(t0.Add(time.Duration(idx) * time.Second)) {
+			t.Fatalf("%s: UpdatedAt %v is not the command's time", st.name, got.UpdatedAt)
+		}
+	}
+	m, _ := machineAt(t, db, "m-1")
+	if !m.CreatedAt.Equal(t0.Add(time.Second)) {
+		t.Fatalf("CreatedAt changed on update: %v", m.CreatedAt)
+	}
+	// The refused commands left nothing behind: m-3 absent, MAC index intact.
+	if _, ok := machineAt(t, db, "m-3"); ok {
+		t.Fatal("refused create of m-3 was written")
+	}
+	evs := allEvents(t, db)
+	var kinds []string
+	for _, ev := range evs {
+		kinds = append(kinds, ev.Kind+":"+ev.From+">"+ev.To)
+	}
+	want := []string{"created:>registered", "updated:>", "created:>discovered", "transition:registered>inspecting"}
+	if strings.Join(kinds, ",") != strings.Join(want, ",") {
+		t.Fatalf("events %v, want %v", kinds, want)
+	}
+	if tr := evs[3]; tr.Actor != "test" || tr.Reason != "r" || tr.Index != 7 || tr.Subject != "machine/m-1" {
+		t.Fatalf("transition event %+v", tr)
+	}
+	// Delete removes the record and both index entries.
+	if _, err := run(t, db, 20, &command{Type: CmdDeleteMachine, ID: "m-1", W: w}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, db, 21, &command{Type: CmdDeleteMachine, ID: "m-1", W: w}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+	_ = db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bIdxMAC).Get([]byte("aa:bb:cc:00:00:01")) != nil {
+			t.Error("MAC index kept deleted machine")
+		}
+		if tx.Bucket(bIdxState).Get(stateKey(StateInspecting, "m-1")) != nil {
+			t.Error("state index kept deleted machine")
+		}
+		return nil
+	})
+}
+
+func TestApplyPutMachinesAllOrNothing(t *testing.T) {
+	db := testDB(t)
+	ms := []Machine{{Meta: Meta{ID: "a"}, Intended: nic("02:00:00:00:00:01")},
+		{Meta: Meta{ID: "b"}, Intended: nic("02:00:00:00:00:01")}} // same MAC → refused
+	if _, err := run(t, db, 1, &command{Type: CmdPutMachines, Machines: ms}); !errors.Is(err, ErrDuplicateMAC) {
+		t.Fatalf("err %v", err)
+	}
+	if _, ok := machineAt(t, db, "a"); ok {
+		t.Fatal("first machine of a refused batch was written")
+	}
+	if n := len(allEvents(t, db)); n != 0 {
+		t.Fatalf("%d events from a refused batch", n)
+	}
+}
+
+func TestApplyOtherRecords(t *testing.T) {
+	db := testDB(t)
+	mustRun := func(idx uint64, c *command) []json.RawMessage {
+		t.Helper()
+		v, err := run(t, db, idx, c)
+		if err != nil {
+			t.Fatalf("index %d %s: %v", idx, c.Type, err)
+		}
+		return v
+	}
+	mustRun(1, &command{Type: CmdPutSite, Site: &Site{Meta: Meta{ID: "s1"}, Name: "hall"}})
+	if _, err := run(t, db, 2, &command{Type: CmdPutSite, Site: &Site{Meta: Meta{ID: "s1", ResourceVersion: 9}}}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("site CAS: %v", err)
+	}
+	mustRun(3, &command{Type: CmdPutJob, Job: &Job{Meta: Meta{ID: "j1"}, Machine: "m1", State: "pending"}})
+	mustRun(4, &command{Type: CmdPutJob, Job: &Job{Meta: Meta{ID: "j1"}, Machine: "m1", State: "running"}})
+	mustRun(5, &command{Type: CmdPutLeases, Leases: []Lease{{MAC: "02:00:00:00:00:AA", IP: "10.0.0.5", State: "bound"}}})
+	mustRun(6, &command{Type: CmdPutLeases, Leases: []Lease{{MAC: "02:00:00:00:00:aa", IP: "10.0.0.5", State: "bound"}}}) // renewal: no event
+	mustRun(7, &command{Type: CmdPutSecret, Key: "bmc/1", Sealed: []byte("sealed-bytes")})
+	mustRun(8, &command{Type: CmdAppendEvents, Events: []Event{{Subject: "machine/m1", Kind: "step", Time: t0.Add(time.Hour)}}})
+	if _, err := run(t, db, 9, &command{Type: CmdAppendEvents, Events: []Event{{Kind: "step"}}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("event without subject: %v", err)
+	}
+	if _, err := run(t, db, 10, &command{Type: CmdDeleteImage, ID: "nope"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("delete missing image: %v", err)
+	}
+	var got []string
+	for _, ev := range allEvents(t, db) {
+		got = append(got, ev.Kind+":"+ev.From+">"+ev.To)
+		if strings.Contains(ev.Message, "sealed") {
+			t.Fatal("secret value leaked into an event")
+		}
+		if ev.Index == 8 && !ev.Time.Equal(t0.Add(8*time.Second)) {
+			t.Fatalf("appended event kept caller time %v", ev.Time)
+		}
+	}
+	want := "created:>,job:>pending,job:pending>running,lease:>bound,secret_updated:>,step:>"
+	if strings.Join(got, ",") != want {
+		t.Fatalf("events %s\nwant   %s", strings.Join(got, ","), want)
+	}
+}
+
+// Two replicas applying the same log end byte-identical: apply reads no
+// clock or randomness.
+func TestApplyDeterministic(t *testing.T) {
+	cmds := []*command{
+		{Type: CmdPutMachines, Time: t0, Machines: []Machine{{Meta: Meta{ID: "m-1"}, Intended: nic("02:00:00:00:00:01")}}},
+		{Type: CmdPutMachines, Time: t0.Add(time.Minute), Machines: []Machine{{Meta: Meta{ID: "m-1"}, State: StateInspecting}}},
+		{Type: CmdPutLeases, Time: t0.Add(2 * time.Minute), Leases: []Lease{{MAC: "02:00:00:00:00:01", IP: "10.0.0.9", Expiry: t0.Add(time.Hour)}}},
+	}
+	dump := func() []byte {
+		db := testDB(t)
+		for i, c := range cmds {
+			cc := *c
+			if _, err := run(t, db, uint64(i+1), &cc); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		var buf bytes.Buffer
+		_ = db.View(func(tx *bbolt.Tx) error {
+			return tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
+				return b.ForEach(func(k, v []byte) error {
+					buf.Write(name)
+					buf.Write(k)
+					buf.Write(v)
+					return nil
+				})
+			})
+		})
+		return buf.Bytes()
+	}
+	if a, b := dump(), dump(); !bytes.Equal(a, b) {
+		t.Fatal("replicas differ")
+	}
+}
+
+// TestUnknownCommandRefused: a log entry with a type byte this binary does
+// not know gets an error result, an error-level log line, an apply-error
+// count, and changes nothing — it is not skipped silently.
+func TestUnknownCommandRefused(t *testing.T) {
+	var buf syncBuf
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	f, err := openFSM(filepath.Join(t.TempDir(), "fsm.db"), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.close()
+	var codes []string
+	f.onApplyError = func(c string) { codes = append(codes, c) }
+	ok, _ := encodeCommand(&command{Type: CmdPutSite, Time: t0, Site: &Site{Meta: Meta{ID: "s"}}})
+	ok2, _ := encodeCommand(&command{Type: CmdPutSite, Time: t0, Site: &Site{Meta: Meta{ID: "s2"}}})
+	unknown := append([]byte{200}, []byte(`{"time":"2026-11-29T12:00:00Z"}`)...)
+	res := f.ApplyBatch([]*raft.Log{
+		{Index: 1, Type: raft.LogCommand, Data: ok},
+		{Index: 2, Type: raft.LogCommand, Data: unknown},
+		{Index: 3, Type: raft.LogCommand, Data: ok2},
+	})
+	r2 := res[1].(*applyResult)
+	if !errors.Is(r2.Err, ErrUnknownCommand) {
+		t.Fatalf("unknown command result: %v", r2.Err)
+	}
+	if r1, r3 := res[0].(*applyResult), res[2].(*applyResult); r1.Err != nil || r3.Err != nil {
+		t.Fatalf("neighbours of the refused entry failed: %v %v", r1.Err, r3.Err)
+	}
+	if len(codes) != 1 || codes[0] != "unknown_command" {
+		t.Fatalf("apply error codes %v", codes)
+	}
+	logged := buf.String()
+	if !strings.Contains(logged, `"level":"ERROR"`) || !strings.Contains(logged, "NOT applied") || !strings.Contains(logged, `"type":200`) {
+		t.Fatalf("no error-level log line for the unknown entry: %s", logged)
+	}
+	if f.applied.Load() != 3 {
+		t.Fatalf("applied %d", f.applied.Load())
+	}
+	// Sites s and s2 exist; nothing else was written by entry 2.
+	n := 0
+	_ = f.view(func(tx *bbolt.Tx) error { n = tx.Bucket(bSites).Stats().KeyN; return nil })
+	if n != 2 {
+		t.Fatalf("%d sites", n)
+	}
+	// decodeCommand refuses type 0 and values past the end too.
+	for _, b := range []byte{0, byte(cmdEnd), 255} {
+		if _, err := decodeCommand([]byte{b, '{', '}'}); !errors.Is(err, ErrUnknownCommand) {
+			t.Fatalf("type %d: %v", b, err)
+		}
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// FuzzDecodeApply: bytes arriving on the forward RPC (or in the log) are
+// decoded and applied; neither may panic, and refused input writes nothing.
+func FuzzDecodeApply(f *testing.F) {
+	seed := func(c *command) {
+		b, _ := encodeCommand(c)
+		f.Add(b)
+	}
+	seed(&command{Type: CmdPutMachines, Time: t0, Machines: []Machine{{Meta: Meta{ID: "m"}, Intended: nic("02:00:00:00:00:01")}}})
+	seed(&command{Type: CmdPutLeases, Time: t0, Leases: []Lease{{MAC: "02:00:00:00:00:01", IP: "10.0.0.1"}}})
+	seed(&command{Type: CmdAppendEvents, Events: []Event{{Subject: "s", Kind: "k"}}})
+	seed(&command{Type: CmdRegisterNode, Node: &nodeInfo{ID: "n", ForwardAddr: "127.0.0.1:1"}})
+	f.Add([]byte{})
+	f.Add([]byte{3})
+	f.Add([]byte{3, '{', '"', 'm', 'a', 'c', 'h', 'i', 'n', 'e', 's', '"', ':', '[', '{', '}', ']', '}'})
+	f.Add([]byte{99, '{', '}'})
+	db := testDB(f)
+	var idx uint64
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := decodeCommand(data)
+		if err != nil {
+			if !errors.Is(err, ErrBadCommand) && !errors.Is(err, ErrUnknownCommand) {
+				t.Fatalf("decode error not classified: %v", err)
+			}
+			return
+		}
+		idx++
+		_ = db.Update(func(tx *bbolt.Tx) error {
+			_, _, err := apply(tx, idx, c)
+			return err
+		})
+	})
+}
+
+// FuzzVerifyBoltFile: the pre-open structure check must never panic or
+// read out of bounds, whatever the bytes of the file.
+func FuzzVerifyBoltFile(f *testing.F) {
+	dir := f.TempDir()
+	db, err := openFSMFile(filepath.Join(dir, "seed.db"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		_ = db.Update(func(tx *bbolt.Tx) error {
+			_, _, err := apply(tx, uint64(i+1), &command{Type: CmdPutMachines, Time: t0,
+				Machines: []Machine{{Meta: Meta{ID: strings.Repeat("m", i+1)}, Intended: nic("02:00:00:00:00:0" + string(rune('1'+i)))}}})
+			return err
+		})
+	}
+	db.Close()
+	seed, err := os.ReadFile(filepath.Join(dir, "seed.db"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed)
+	f.Add(seed[:len(seed)/2])
+	mut := append([]byte{}, seed...)
+	mut[2*4096+10] ^= 0xff // element count of the first data page
+	f.Add(mut)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_ = verifyBolt(bytes.NewReader(data), int64(len(data)))
+	})
+}

@@ -1,0 +1,63 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors of the store. Callers test them with errors.Is; the store
+// wraps them with %w and context (record kind, ID, file name).
+var (
+	// ErrNotFound: the named record does not exist.
+	ErrNotFound = errors.New("store: not found")
+	// ErrConflict: a compare-and-set update named a ResourceVersion other
+	// than the record's current one, or a create named an existing ID.
+	ErrConflict = errors.New("store: resource version conflict")
+	// ErrInvalid: the record or argument is malformed (empty key, unknown
+	// state, bad MAC, ...). The message says which field.
+	ErrInvalid = errors.New("store: invalid argument")
+	// ErrDuplicateMAC: a NIC MAC is already indexed to another machine.
+	ErrDuplicateMAC = errors.New("store: MAC belongs to another machine")
+	// ErrNotLeader: this node is not the leader and the write could not be
+	// forwarded. The concrete error is *NotLeaderError, naming the leader.
+	ErrNotLeader = errors.New("store: not the leader")
+	// ErrUnknownCommand: a log entry carries a command type this binary does
+	// not know (written by a newer version). It is refused, never skipped.
+	ErrUnknownCommand = errors.New("store: unknown command type")
+	// ErrBadCommand: a log entry or forwarded body could not be decoded.
+	ErrBadCommand = errors.New("store: malformed command")
+	// ErrCorrupt: a data file (raft.db, fsm.db, a snapshot) is unreadable;
+	// the message names the file.
+	ErrCorrupt = errors.New("store: corrupt data file")
+	// ErrClosed: the store has been closed.
+	ErrClosed = errors.New("store: closed")
+	// ErrTimeout: the write was not committed before ApplyTimeout.
+	ErrTimeout = errors.New("store: timed out")
+)
+
+// NotLeaderError is returned (wrapping ErrNotLeader) when a write or a
+// consistent read reaches a follower that cannot forward it. LeaderID and
+// LeaderRaftAddr are empty when no leader is known; LeaderForwardAddr is
+// empty when the leader's forward address has not been registered.
+type NotLeaderError struct {
+	LeaderID          string
+	LeaderRaftAddr    string
+	LeaderForwardAddr string
+	Cause             error // why forwarding failed; may be nil
+}
+
+func (e *NotLeaderError) Error() string {
+	s := "store: not the leader"
+	if e.LeaderID == "" {
+		s += " (no leader known)"
+	} else {
+		s += fmt.Sprintf(" (leader %s raft=%s forward=%s)", e.LeaderID, e.LeaderRaftAddr, e.LeaderForwardAddr)
+	}
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
+	return s
+}
+
+// Unwrap makes errors.Is(err, ErrNotLeader) true.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }

@@ -1,0 +1,385 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Forward RPC (HTTP/1.1 on Config.ForwardAddr, between store nodes only):
+//
+//	POST /raft/apply    body: encoded command (1 type byte + JSON)  → wireResult
+//	POST /raft/join     body: JSON membership                       → wireResult
+//	POST /raft/remove   body: JSON membership                       → wireResult
+//	POST /raft/barrier  (empty)                                     → wireResult{Index}
+//
+// Only the leader executes; a non-leader answers 503 with code not_leader
+// (it never forwards again, so a request makes at most one hop).
+
+type membership struct {
+	ID          string `json:"id"`
+	RaftAddr    string `json:"raft_addr,omitempty"`
+	ForwardAddr string `json:"forward_addr,omitempty"`
+}
+
+type wireError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	From    string `json:"from,omitempty"`
+	To      string `json:"to,omitempty"`
+}
+
+type wireResult struct {
+	Values []json.RawMessage `json:"values,omitempty"`
+	Index  uint64            `json:"index,omitempty"`
+	Error  *wireError        `json:"error,omitempty"`
+}
+
+// Stable error codes (also the label values of kiln_store_apply_errors_total).
+var codeErrs = []struct {
+	code string
+	err  error
+}{
+	{"conflict", ErrConflict}, {"not_found", ErrNotFound}, {"invalid", ErrInvalid},
+	{"duplicate_mac", ErrDuplicateMAC}, {"unknown_command", ErrUnknownCommand},
+	{"bad_command", ErrBadCommand}, {"not_leader", ErrNotLeader}, {"timeout", ErrTimeout},
+	{"corrupt", ErrCorrupt}, {"closed", ErrClosed},
+}
+
+// errCode maps err to its stable code ("internal" if none applies).
+func errCode(err error) string {
+	var ite *IllegalTransitionError
+	if errors.As(err, &ite) {
+		return "illegal_transition"
+	}
+	for _, ce := range codeErrs {
+		if errors.Is(err, ce.err) {
+			return ce.code
+		}
+	}
+	return "internal"
+}
+
+func toWire(err error) *wireError {
+	if err == nil {
+		return nil
+	}
+	we := &wireError{Code: errCode(err), Message: err.Error()}
+	var ite *IllegalTransitionError
+	if errors.As(err, &ite) {
+		we.From, we.To = string(ite.From), string(ite.To)
+	}
+	return we
+}
+
+// remoteError is an error returned by the leader, rebuilt on the follower
+// with the same sentinel (errors.Is works) and message.
+type remoteError struct {
+	msg string
+	err error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.err }
+
+func fromWire(we *wireError) error {
+	if we == nil {
+		return nil
+	}
+	if we.Code == "illegal_transition" {
+		return &IllegalTransitionError{From: MachineState(we.From), To: MachineState(we.To)}
+	}
+	for _, ce := range codeErrs {
+		if ce.code == we.Code {
+			return &remoteError{msg: we.Message, err: ce.err}
+		}
+	}
+	return errors.New(we.Message)
+}
+
+func (s *Store) forwardHandler() http.Handler {
+	mux := http.NewServeMux()
+	reply := func(w http.ResponseWriter, status int, r wireResult) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(r)
+	}
+	notLeader := func(w http.ResponseWriter) {
+		id, addr := s.Leader()
+		reply(w, http.StatusServiceUnavailable, wireResult{Error: &wireError{Code: "not_leader",
+			Message: fmt.Sprintf("%s is not the leader (leader %q at %q)", s.cfg.NodeID, id, addr)}})
+	}
+	mux.HandleFunc("POST /raft/apply", func(w http.ResponseWriter, r *http.Request) {
+		if !s.IsLeader() {
+			notLeader(w)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxForwardBody))
+		if err != nil {
+			reply(w, http.StatusBadRequest, wireResult{Error: toWire(fmt.Errorf("%w: %v", ErrBadCommand, err))})
+			return
+		}
+		c, err := decodeCommand(body)
+		if err != nil {
+			reply(w, http.StatusBadRequest, wireResult{Error: toWire(err)})
+			return
+		}
+		vals, err := s.applyLocal(r.Context(), c)
+		if errors.Is(err, raft.ErrNotLeader) {
+			notLeader(w)
+			return
+		}
+		reply(w, http.StatusOK, wireResult{Values: vals, Error: toWire(err)})
+	})
+	member := func(join bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if !s.IsLeader() {
+				notLeader(w)
+				return
+			}
+			var m membership
+			if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&m); err != nil || m.ID == "" {
+				reply(w, http.StatusBadRequest, wireResult{Error: &wireError{Code: "invalid", Message: "bad membership body"}})
+				return
+			}
+			var err error
+			if join {
+				err = s.joinLocal(r.Context(), m.ID, m.RaftAddr, m.ForwardAddr)
+			} else {
+				err = s.removeLocal(r.Context(), m.ID)
+			}
+			reply(w, http.StatusOK, wireResult{Error: toWire(err)})
+		}
+	}
+	mux.HandleFunc("POST /raft/join", member(true))
+	mux.HandleFunc("POST /raft/remove", member(false))
+	mux.HandleFunc("POST /raft/barrier", func(w http.ResponseWriter, r *http.Request) {
+		if !s.IsLeader() {
+			notLeader(w)
+			return
+		}
+		idx, err := s.barrierLocal(r.Context())
+		if err != nil {
+			notLeader(w)
+			return
+		}
+		reply(w, http.StatusOK, wireResult{Index: idx})
+	})
+	return mux
+}
+
+// randID returns prefix + 16 lower-case hex digits (64 random bits).
+func randID(prefix string) string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("store: crypto/rand failed: " + err.Error()) // never on Linux ≥ 3.17
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// prepare fixes everything non-deterministic before the command is logged:
+// the time and any missing record IDs. Only the leader calls it.
+func prepare(c *command) {
+	c.Time = time.Now().UTC()
+	setID := func(m *Meta, prefix string) {
+		if m.ID == "" {
+			m.ID = randID(prefix)
+		}
+	}
+	switch {
+	case c.Site != nil:
+		setID(&c.Site.Meta, "site-")
+	case c.Rack != nil:
+		setID(&c.Rack.Meta, "rack-")
+	case c.BMC != nil:
+		setID(&c.BMC.Meta, "bmc-")
+	case c.Image != nil:
+		setID(&c.Image.Meta, "img-")
+	case c.Job != nil:
+		setID(&c.Job.Meta, "job-")
+	}
+	for i := range c.Machines {
+		setID(&c.Machines[i].Meta, "m-")
+	}
+}
+
+// write submits c: on the leader through raft, on a follower through the
+// forward RPC. It returns the JSON of the records written.
+func (s *Store) write(ctx context.Context, c *command) ([]json.RawMessage, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	s.m.commands.WithLabelValues(c.Type.String()).Inc()
+	var vals []json.RawMessage
+	var err error
+	for attempt := 0; ; attempt++ {
+		if s.IsLeader() {
+			vals, err = s.applyLocal(ctx, c)
+			if !errors.Is(err, raft.ErrNotLeader) {
+				break
+			}
+		}
+		vals, err = s.forward(ctx, c)
+		if !errors.Is(err, errSelfLeader) || attempt > 3 {
+			break
+		}
+	}
+	if err == nil {
+		s.m.commit.Observe(time.Since(start).Seconds())
+	}
+	return vals, err
+}
+
+// applyLocal prepares c and commits it through raft on this (leader) node.
+// raft.ErrNotLeader is returned unwrapped-compatible (errors.Is) when
+// leadership was gone before the entry was enqueued, so it is safe to retry.
+func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, error) {
+	prepare(c)
+	data, err := encodeCommand(c)
+	if err != nil {
+		return nil, err
+	}
+	f := s.raft.Apply(data, s.timeout(ctx))
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrEnqueueTimeout):
+			return nil, fmt.Errorf("%w: %s not enqueued: %v", ErrTimeout, c.Type, err)
+		case errors.Is(err, raft.ErrNotLeader):
+			return nil, err
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return nil, fmt.Errorf("%w: %v", ErrClosed, err)
+		}
+		// ErrLeadershipLost etc.: the entry may or may not commit later.
+		return nil, fmt.Errorf("store: %s outcome unknown: %w", c.Type, err)
+	}
+	res, ok := f.Response().(*applyResult)
+	if !ok {
+		return nil, fmt.Errorf("store: %s: unexpected FSM response %T", c.Type, f.Response())
+	}
+	return res.Values, res.Err
+}
+
+// errSelfLeader: forwardRetry found this node is now the leader.
+var errSelfLeader = errors.New("store: this node is the leader")
+
+// forward sends c to the leader's forward RPC. It retries (until
+// ApplyTimeout or ctx) only while the request certainly did not execute:
+// no leader known, leader's forward address unknown, connection refused,
+// or a not_leader answer. Otherwise it fails with *NotLeaderError.
+func (s *Store) forward(ctx context.Context, c *command) ([]json.RawMessage, error) {
+	data, err := encodeCommand(c)
+	if err != nil {
+		return nil, err
+	}
+	var res wireResult
+	err = s.forwardRetry(ctx, "/raft/apply", data, &res)
+	if err != nil {
+		s.m.forwarded.WithLabelValues("error").Inc()
+		return nil, err
+	}
+	s.m.forwarded.WithLabelValues("ok").Inc()
+	return res.Values, fromWire(res.Error)
+}
+
+func (s *Store) forwardMembership(ctx context.Context, path string, m membership) error {
+	body, _ := json.Marshal(m)
+	var res wireResult
+	if err := s.forwardRetry(ctx, path, body, &res); err != nil {
+		return err
+	}
+	return fromWire(res.Error)
+}
+
+func (s *Store) forwardBarrier(ctx context.Context) (uint64, error) {
+	var res wireResult
+	if err := s.forwardRetry(ctx, "/raft/barrier", nil, &res); err != nil {
+		return 0, err
+	}
+	return res.Index, fromWire(res.Error)
+}
+
+func (s *Store) forwardRetry(ctx context.Context, path string, body []byte, res *wireResult) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout(ctx))
+	defer cancel()
+	backoff := 5 * time.Millisecond
+	var nle *NotLeaderError
+	for {
+		nle = &NotLeaderError{}
+		nle.LeaderID, nle.LeaderRaftAddr = s.Leader()
+		retry := true
+		switch {
+		case nle.LeaderID == "":
+			nle.Cause = errors.New("no leader known")
+		case nle.LeaderID == s.cfg.NodeID && s.IsLeader():
+			// Leadership arrived while we were forwarding; nothing has
+			// executed anywhere, the caller runs it locally.
+			return errSelfLeader
+		default:
+			fa, err := s.forwardAddrOf(nle.LeaderID)
+			if err != nil {
+				nle.Cause = fmt.Errorf("leader's forward address not registered yet")
+				break
+			}
+			nle.LeaderForwardAddr = fa
+			status, err := s.post(ctx, "http://"+fa+path, body, res)
+			if err == nil && status != http.StatusServiceUnavailable {
+				return nil
+			}
+			if err == nil {
+				nle.Cause = fromWire(res.Error)
+				*res = wireResult{}
+			} else {
+				nle.Cause = err
+				var op *net.OpError
+				retry = errors.As(err, &op) && op.Op == "dial"
+			}
+		}
+		if !retry {
+			return nle
+		}
+		select {
+		case <-ctx.Done():
+			if nle.Cause == nil {
+				nle.Cause = ctx.Err()
+			}
+			return nle
+		case <-s.done:
+			return ErrClosed
+		case <-time.After(backoff):
+		}
+		if backoff < 200*time.Millisecond {
+			backoff *= 2
+		}
+	}
+}
+
+func (s *Store) post(ctx context.Context, url string, body []byte, res *wireResult) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxForwardBody)).Decode(res); err != nil {
+		return resp.StatusCode, fmt.Errorf("store: forward %s: bad reply (HTTP %d): %w", url, resp.StatusCode, err)
+	}
+	return resp.StatusCode, nil
+}

@@ -1,0 +1,555 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/bbolt"
+)
+
+// Defaults used when a Config duration or count is zero.
+const (
+	DefaultApplyTimeout      = 10 * time.Second
+	DefaultSnapshotThreshold = 8192
+	DefaultSnapshotInterval  = 2 * time.Minute
+	DefaultTrailingLogs      = 10240
+	snapshotsRetained        = 2
+	transportPool            = 3
+	transportTimeout         = 10 * time.Second
+	maxForwardBody           = 64 << 20 // bytes; a 2,000-machine intake is a few MiB
+)
+
+// File names inside Config.DataDir.
+const (
+	RaftDBFile = "raft.db" // raft log + stable store (raft-boltdb/v2, bbolt)
+	FSMDBFile  = "fsm.db"  // FSM state (bbolt), rebuilt from snapshot + log on start
+	// Snapshots live in DataDir/snapshots/ (raft.FileSnapshotStore).
+)
+
+// Config configures one store node. NodeID, DataDir, RaftAddr and
+// ForwardAddr are required; zero durations and counts take the raft
+// defaults (raft.DefaultConfig) or the Default* constants above.
+type Config struct {
+	NodeID      string // raft server ID, stable across restarts
+	DataDir     string // holds raft.db, fsm.db, snapshots/
+	RaftAddr    string // host:port the raft TCP transport binds and advertises; port 0 picks one
+	ForwardAddr string // host:port of the forward RPC (HTTP); port 0 picks one
+	Bootstrap   bool   // bootstrap a single-voter cluster if DataDir holds no raft state
+
+	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout, CommitTimeout time.Duration
+
+	SnapshotThreshold uint64        // log entries between snapshots
+	SnapshotInterval  time.Duration // how often to check SnapshotThreshold
+	ApplyTimeout      time.Duration // bound on one write (enqueue + forward retries)
+
+	// TrailingLogs is how many log entries are kept after a snapshot
+	// (0 = DefaultTrailingLogs). A follower further behind gets the snapshot.
+	TrailingLogs uint64
+	// RaftLogLevel is the hclog level of raft's own log lines ("" = "WARN").
+	RaftLogLevel string
+}
+
+// Validate reports a missing required field.
+func (c *Config) Validate() error {
+	switch {
+	case c.NodeID == "":
+		return fmt.Errorf("%w: Config.NodeID is empty", ErrInvalid)
+	case c.DataDir == "":
+		return fmt.Errorf("%w: Config.DataDir is empty", ErrInvalid)
+	case c.RaftAddr == "":
+		return fmt.Errorf("%w: Config.RaftAddr is empty", ErrInvalid)
+	case c.ForwardAddr == "":
+		return fmt.Errorf("%w: Config.ForwardAddr is empty", ErrInvalid)
+	}
+	return nil
+}
+
+// Store is one node of the replicated store. Writes go through raft (a
+// follower forwards them to the leader); reads use the local replica.
+type Store struct {
+	cfg   Config
+	log   *slog.Logger
+	raft  *raft.Raft
+	fsm   *fsm
+	logDB *raftboltdb.BoltStore
+	trans *raft.NetworkTransport
+	fwdLn net.Listener
+	http  *http.Client
+	m     *metrics
+
+	leaderCh  chan bool
+	done      chan struct{}
+	baseCtx   context.Context // cancelled by Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closed    atomic.Bool
+	runOnce   atomic.Bool
+
+	readyMu     sync.Mutex
+	readyTarget uint64 // commit index seen when a leader was first known; 0 = not yet
+	ready       bool
+}
+
+// Open opens (or creates) the node's data directory, validates raft.db and
+// fsm.db (a corrupt or truncated file is an error wrapping ErrCorrupt that
+// names the file), starts raft and binds the raft and forward listeners.
+// Call Run to serve forwarded writes and Close to stop. reg may be nil.
+func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	log = log.With("component", "store", "node", cfg.NodeID)
+	if cfg.ApplyTimeout == 0 {
+		cfg.ApplyTimeout = DefaultApplyTimeout
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("store: data dir: %w", err)
+	}
+	s := &Store{cfg: cfg, log: log, leaderCh: make(chan bool, 16), done: make(chan struct{}),
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}}
+	s.baseCtx, s.cancel = context.WithCancel(context.Background())
+	ok := false
+	defer func() {
+		if !ok {
+			s.cancel()
+			if s.raft != nil {
+				_ = s.raft.Shutdown().Error()
+			}
+			s.closeParts()
+		}
+	}()
+
+	level := cfg.RaftLogLevel
+	if level == "" {
+		level = "WARN"
+	}
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.LevelFromString(level),
+		Output: &slogWriter{log: log.With("sub", "raft")}, DisableTime: true})
+
+	raftPath := filepath.Join(cfg.DataDir, RaftDBFile)
+	if err := checkBolt(raftPath); err != nil {
+		return nil, err
+	}
+	logDB, err := raftboltdb.New(raftboltdb.Options{Path: raftPath, BoltOptions: &bbolt.Options{Timeout: boltTimeout}})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, raftPath, err)
+	}
+	s.logDB = logDB
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, snapshotsRetained, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("store: snapshot store in %s: %w", cfg.DataDir, err)
+	}
+	if s.fsm, err = openFSM(filepath.Join(cfg.DataDir, FSMDBFile), log); err != nil {
+		return nil, err
+	}
+	s.m = newMetrics()
+	s.fsm.onApplyError = func(code string) { s.m.applyErrors.WithLabelValues(code).Inc() }
+
+	s.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, transportPool, transportTimeout, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("store: raft transport on %s: %w", cfg.RaftAddr, err)
+	}
+	if s.fwdLn, err = net.Listen("tcp", cfg.ForwardAddr); err != nil {
+		return nil, fmt.Errorf("store: forward listener on %s: %w", cfg.ForwardAddr, err)
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = hlog
+	rc.NotifyCh = s.leaderCh
+	rc.BatchApplyCh = true
+	rc.NoLegacyTelemetry = true
+	setDur(&rc.HeartbeatTimeout, cfg.HeartbeatTimeout)
+	setDur(&rc.ElectionTimeout, cfg.ElectionTimeout)
+	setDur(&rc.LeaderLeaseTimeout, cfg.LeaderLeaseTimeout)
+	setDur(&rc.CommitTimeout, cfg.CommitTimeout)
+	rc.SnapshotThreshold = orU64(cfg.SnapshotThreshold, DefaultSnapshotThreshold)
+	rc.TrailingLogs = orU64(cfg.TrailingLogs, DefaultTrailingLogs)
+	rc.SnapshotInterval = DefaultSnapshotInterval
+	setDur(&rc.SnapshotInterval, cfg.SnapshotInterval)
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, fmt.Errorf("%w: raft config: %v", ErrInvalid, err)
+	}
+
+	has, err := raft.HasExistingState(logDB, logDB, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("store: read raft state in %s: %w", raftPath, err)
+	}
+	s.raft, err = raft.NewRaft(rc, s.fsm, logDB, logDB, snaps, s.trans)
+	if err != nil {
+		return nil, fmt.Errorf("%w: start raft from %s (snapshots in %s): %v", ErrCorrupt, raftPath,
+			filepath.Join(cfg.DataDir, "snapshots"), err)
+	}
+	if !has && cfg.Bootstrap {
+		conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter,
+			ID: rc.LocalID, Address: s.trans.LocalAddr()}}}
+		if err := s.raft.BootstrapCluster(conf).Error(); err != nil {
+			return nil, fmt.Errorf("store: bootstrap: %w", err)
+		}
+		log.Info("bootstrapped single-node cluster", "raft_addr", s.trans.LocalAddr())
+	}
+	if err := s.m.register(s, reg); err != nil {
+		return nil, fmt.Errorf("store: metrics: %w", err)
+	}
+	s.wg.Add(1)
+	go s.watchLeadership()
+	ok = true
+	log.Info("store open", "data_dir", cfg.DataDir, "raft_addr", s.RaftAddr(), "forward_addr", s.ForwardAddr(),
+		"existing_state", has)
+	return s, nil
+}
+
+func setDur(dst *time.Duration, v time.Duration) {
+	if v > 0 {
+		*dst = v
+	}
+}
+
+func orU64(v, def uint64) uint64 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// slogWriter turns hclog's text lines into slog records.
+type slogWriter struct{ log *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	switch {
+	case strings.Contains(line, "[ERROR]"):
+		w.log.Error(line)
+	case strings.Contains(line, "[WARN]"):
+		w.log.Warn(line)
+	default:
+		w.log.Info(line)
+	}
+	return len(p), nil
+}
+
+// RaftAddr is the address the raft transport listens on (resolved when
+// Config.RaftAddr had port 0).
+func (s *Store) RaftAddr() string { return string(s.trans.LocalAddr()) }
+
+// ForwardAddr is the address the forward RPC listens on.
+func (s *Store) ForwardAddr() string { return s.fwdLn.Addr().String() }
+
+// NodeID is Config.NodeID.
+func (s *Store) NodeID() string { return s.cfg.NodeID }
+
+// watchLeadership registers this node's forward address in the FSM each
+// time it becomes leader (so followers can find it), until Close.
+func (s *Store) watchLeadership() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.done:
+			return
+		case isLeader := <-s.leaderCh:
+			if !isLeader {
+				s.log.Info("lost leadership")
+				continue
+			}
+			s.log.Info("became leader")
+			if fa, _ := s.forwardAddrOf(s.cfg.NodeID); fa == s.ForwardAddr() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ApplyTimeout)
+			c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "leader_elected"},
+				Node: &nodeInfo{ID: s.cfg.NodeID, ForwardAddr: s.ForwardAddr()}}
+			if _, err := s.applyLocal(ctx, c); err != nil {
+				s.log.Warn("register forward address", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// forwardAddrOf returns the forward address registered for raft server id.
+func (s *Store) forwardAddrOf(id string) (string, error) {
+	var addr string
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		v := tx.Bucket(bNodes).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("%w: node %s", ErrNotFound, id)
+		}
+		addr = string(v)
+		return nil
+	})
+	return addr, err
+}
+
+// Run serves the forward RPC on ForwardAddr until ctx ends, then shuts the
+// HTTP server down. It does not close the store (call Close).
+func (s *Store) Run(ctx context.Context, log *slog.Logger) error {
+	if !s.runOnce.CompareAndSwap(false, true) {
+		return errors.New("store: Run called twice")
+	}
+	if log == nil {
+		log = s.log
+	} else {
+		log = log.With("component", "store")
+	}
+	srv := &http.Server{Handler: s.forwardHandler(), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(s.fwdLn) }()
+	log.Info("forward RPC serving", "addr", s.ForwardAddr())
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-errc
+		return nil
+	case err := <-errc:
+		if s.closed.Load() {
+			return nil
+		}
+		return fmt.Errorf("store: forward RPC: %w", err)
+	}
+}
+
+// Close stops raft and closes every file and listener. Safe to call twice.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.done)
+		s.cancel()
+		if s.raft != nil {
+			if e := s.raft.Shutdown().Error(); e != nil {
+				err = errors.Join(err, e)
+			}
+		}
+		s.wg.Wait()
+		err = errors.Join(err, s.closeParts())
+		s.log.Info("store closed")
+	})
+	return err
+}
+
+func (s *Store) closeParts() error {
+	var err error
+	if s.fwdLn != nil {
+		_ = s.fwdLn.Close()
+	}
+	if s.trans != nil {
+		err = errors.Join(err, s.trans.Close())
+	}
+	if s.fsm != nil {
+		err = errors.Join(err, s.fsm.close())
+	}
+	if s.logDB != nil {
+		err = errors.Join(err, s.logDB.Close())
+	}
+	s.http.CloseIdleConnections()
+	return err
+}
+
+// IsLeader reports whether this node is the raft leader now.
+func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Leader returns the current leader's raft server ID and raft address, or
+// empty strings when none is known.
+func (s *Store) Leader() (id, raftAddr string) {
+	addr, sid := s.raft.LeaderWithID()
+	return string(sid), string(addr)
+}
+
+// WaitLeader blocks until a leader is known (and, on a leader, until its
+// forward address is registered) or ctx ends (ctx.Err()).
+func (s *Store) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if id, _ := s.Leader(); id != "" {
+			if _, err := s.forwardAddrOf(id); err == nil {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+			return ErrClosed
+		case <-t.C:
+		}
+	}
+}
+
+// Ready reports whether the node can serve current reads: a leader is
+// known, and the local FSM has applied at least the raft commit index that
+// this node saw at the first moment (since Open) a leader was known. Once
+// true it stays true while a leader is known; with no leader it is false.
+func (s *Store) Ready() bool {
+	if id, _ := s.Leader(); id == "" {
+		return false
+	}
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if s.ready {
+		return true
+	}
+	if s.readyTarget == 0 {
+		s.readyTarget = s.raft.CommitIndex()
+		if s.readyTarget == 0 {
+			return false
+		}
+	}
+	if s.fsm.applied.Load() >= s.readyTarget {
+		s.ready = true
+	}
+	return s.ready
+}
+
+// Stats returns raft's statistics (raft.Raft.Stats: state, term,
+// last_log_index, commit_index, applied_index, last_snapshot_index, ...)
+// plus fsm_applied_index and last_event_index.
+func (s *Store) Stats() map[string]string {
+	st := s.raft.Stats()
+	st["fsm_applied_index"] = fmt.Sprint(s.fsm.applied.Load())
+	st["last_event_index"] = fmt.Sprint(s.fsm.lastEvent.Load())
+	return st
+}
+
+// Snapshot asks raft to take a snapshot now (raft.Raft.Snapshot) and waits
+// for it. Raft refuses when nothing was written since the last one.
+func (s *Store) Snapshot() error { return s.raft.Snapshot().Error() }
+
+// Join adds a voter (raft server id at raftAddr) and registers its forward
+// address. On a follower it is forwarded to the leader. Idempotent.
+func (s *Store) Join(ctx context.Context, id, raftAddr, forwardAddr string) error {
+	if id == "" || raftAddr == "" {
+		return fmt.Errorf("%w: join needs id and raft address", ErrInvalid)
+	}
+	if !s.IsLeader() {
+		err := s.forwardMembership(ctx, "/raft/join", membership{ID: id, RaftAddr: raftAddr, ForwardAddr: forwardAddr})
+		if !errors.Is(err, errSelfLeader) {
+			return err
+		}
+	}
+	return s.joinLocal(ctx, id, raftAddr, forwardAddr)
+}
+
+func (s *Store) joinLocal(ctx context.Context, id, raftAddr, forwardAddr string) error {
+	if forwardAddr != "" {
+		c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "join"},
+			Node: &nodeInfo{ID: id, ForwardAddr: forwardAddr}}
+		if _, err := s.applyLocal(ctx, c); err != nil {
+			return fmt.Errorf("store: join %s: %w", id, err)
+		}
+	}
+	if err := s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, s.timeout(ctx)).Error(); err != nil {
+		return fmt.Errorf("store: join %s at %s: %w", id, raftAddr, err)
+	}
+	s.log.Info("voter added", "id", id, "raft_addr", raftAddr, "forward_addr", forwardAddr)
+	return nil
+}
+
+// Remove removes voter id from the cluster and forgets its forward
+// address. On a follower it is forwarded to the leader.
+func (s *Store) Remove(ctx context.Context, id string) error {
+	if !s.IsLeader() {
+		err := s.forwardMembership(ctx, "/raft/remove", membership{ID: id})
+		if !errors.Is(err, errSelfLeader) {
+			return err
+		}
+	}
+	return s.removeLocal(ctx, id)
+}
+
+func (s *Store) removeLocal(ctx context.Context, id string) error {
+	if err := s.raft.RemoveServer(raft.ServerID(id), 0, s.timeout(ctx)).Error(); err != nil {
+		return fmt.Errorf("store: remove %s: %w", id, err)
+	}
+	if id == s.cfg.NodeID {
+		return nil // a removed leader steps down; the new leader may clean up
+	}
+	_, err := s.applyLocal(ctx, &command{Type: CmdRemoveNode, ID: id,
+		W: W{Actor: "store:" + s.cfg.NodeID, Reason: "remove"}})
+	return err
+}
+
+// timeout is min(ApplyTimeout, time left on ctx).
+func (s *Store) timeout(ctx context.Context) time.Duration {
+	d := s.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < d {
+			d = left
+		}
+	}
+	if d <= 0 {
+		d = time.Millisecond
+	}
+	return d
+}
+
+// Barrier returns once the local replica reflects every write committed
+// before the call: on the leader VerifyLeader + raft Barrier; on a follower
+// it asks the leader (forward RPC) for its applied index and waits until
+// the local FSM has applied it. Errors: ErrNotLeader (no reachable
+// leader), ctx.Err().
+func (s *Store) Barrier(ctx context.Context) error {
+	if s.IsLeader() {
+		_, err := s.barrierLocal(ctx)
+		if !errors.Is(err, raft.ErrNotLeader) && !errors.Is(err, raft.ErrLeadershipLost) {
+			return err
+		}
+	}
+	idx, err := s.forwardBarrier(ctx)
+	if errors.Is(err, errSelfLeader) {
+		_, err = s.barrierLocal(ctx)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	return s.waitApplied(ctx, idx)
+}
+
+func (s *Store) barrierLocal(ctx context.Context) (uint64, error) {
+	if err := s.raft.VerifyLeader().Error(); err != nil {
+		return 0, err
+	}
+	if err := s.raft.Barrier(s.timeout(ctx)).Error(); err != nil {
+		return 0, err
+	}
+	return s.fsm.applied.Load(), nil
+}
+
+func (s *Store) waitApplied(ctx context.Context, idx uint64) error {
+	for {
+		_, ch := s.fsm.waitChans()
+		if s.fsm.applied.Load() >= idx {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+			return ErrClosed
+		}
+	}
+}
