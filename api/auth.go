@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/labstack/echo/v4"
+
+	"kiln/api/agentapi"
 )
 
 // Role is what a bearer token may do. Viewer < Operator < Admin; Agent is a
@@ -214,7 +216,7 @@ func (s *Server) requireRole(need Role) echo.MiddlewareFunc {
 }
 
 // HeaderMachine names the machine an agent request acts for.
-const HeaderMachine = "X-Kiln-Machine"
+const HeaderMachine = agentapi.HeaderMachine
 
 // authAgent checks the request's bearer token as the per-boot agent token of
 // a machine. The machine is the X-Kiln-Machine header, else bodyID (the body's

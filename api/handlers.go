@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -844,5 +843,3 @@ func (s *Server) agentReport(c echo.Context) error {
 	}
 	return c.NoContent(http.StatusNoContent)
 }
-
-var _ = errors.New

@@ -156,6 +156,15 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		Tokens:  tokens,
 		ErrorClasses: []api.ErrorClass{
 			{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
+			{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
+			{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
+			{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+			{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
+			{Err: lifecycle.ErrImageInUse, Status: http.StatusConflict, Code: "image_in_use"},
+			{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
+			{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
+			{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
+			{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
 		},
 	}, &apiBackend{Store: st, Controller: life, version: version}, reg, log)
 	if err != nil {

@@ -23,7 +23,9 @@ type Backend interface {
 	LoadLeases() ([]Lease, error)
 	// SaveLeases makes a batch of leases durable (one call per batch; the
 	// server groups ACKed leases and sends those ACKs only after this returns
-	// nil — group commit). Later entries for the same MAC supersede earlier ones.
+	// nil — group commit). Store them keyed by IP: the newest record for an
+	// address wins, and a declined address keeps its record when the
+	// decliner binds another one. ctx carries Config.SaveTimeout.
 	SaveLeases(ctx context.Context, ls []Lease) error
 }
 

@@ -126,7 +126,11 @@ func TestBenchDHCP(t *testing.T) {
 					t.Logf("  %s%v = %.0f", mf.GetName(), labelString(m.GetLabel()), c.GetValue())
 				}
 				if h := m.GetHistogram(); h != nil && h.GetSampleCount() > 0 {
-					t.Logf("  %s mean = %.2f ms over %d", mf.GetName(), 1000*h.GetSampleSum()/float64(h.GetSampleCount()), h.GetSampleCount())
+					var tail []string
+					for _, bk := range h.GetBucket() {
+						tail = append(tail, fmt.Sprintf("<=%.1fms:%.1f%%", 1000*bk.GetUpperBound(), 100*float64(bk.GetCumulativeCount())/float64(h.GetSampleCount())))
+					}
+					t.Logf("  %s%v mean = %.2f ms over %d; cumulative %s", mf.GetName(), labelString(m.GetLabel()), 1000*h.GetSampleSum()/float64(h.GetSampleCount()), h.GetSampleCount(), strings.Join(tail[4:], " "))
 				}
 			}
 		}
@@ -142,7 +146,7 @@ func TestBenchDHCP(t *testing.T) {
 }
 
 var (
-	benchRates   = []int{250, 500, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 8000, 10000}
+	benchRates   = []int{500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000}
 	benchStep    = 3 // seconds per rate step
 	benchClients = 30000
 	reRate       = regexp.MustCompile(`Rate: ([0-9.]+) 4-way exchanges/second`)
@@ -153,6 +157,16 @@ var (
 // the achieved DORA rate when both drop ratios are under 1% and returns the
 // updated count of consecutive failing steps.
 func stepOnce(t *testing.T, l *lab, name string, r int, best *float64, fails int) int {
+	rcvErrs := func() string {
+		out, _ := exec.Command("ip", "netns", "exec", l.srvNS, "sh", "-c", "grep ^Udp: /proc/net/snmp | tail -1").Output()
+		f := strings.Fields(string(out))
+		if len(f) > 5 {
+			return f[5] // RcvbufErrors
+		}
+		return "?"
+	}
+	before := rcvErrs()
+	defer func() { t.Logf("%s r=%d: server netns UDP RcvbufErrors %s -> %s", name, r, before, rcvErrs()) }()
 	args := []string{"netns", "exec", l.cliNS, "perfdhcp", "-4", "-l", l.clientIP.String(),
 		"-r", strconv.Itoa(r), "-p", strconv.Itoa(benchStep), "-R", strconv.Itoa(benchClients), "-W", "300000"}
 	args = append(args, strings.Fields(os.Getenv("KDH_PERFDHCP_ARGS"))...)

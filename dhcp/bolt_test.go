@@ -27,7 +27,7 @@ var leaseBucket = []byte("leases")
 
 func newBoltBackend(t testing.TB) *boltBackend {
 	t.Helper()
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "leases.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "leases.db"), 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func (b *boltBackend) SaveLeases(_ context.Context, ls []Lease) error {
 			if err != nil {
 				return err
 			}
-			if err := bk.Put(l.MAC, v); err != nil {
+			if err := bk.Put(l.IP.AsSlice(), v); err != nil { // keyed by IP (see Backend)
 				return err
 			}
 		}

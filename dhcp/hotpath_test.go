@@ -2,7 +2,6 @@ package dhcp
 
 import (
 	"encoding/binary"
-	"net"
 	"testing"
 	"time"
 
@@ -32,5 +31,4 @@ func BenchmarkProcessDORA(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	_ = net.IPv4zero
 }

@@ -14,13 +14,14 @@ import (
 //	                                      no_subnet, pool_exhausted, not_pxe, no_boot,
 //	                                      proxy_ignored, unsupported_type, field_too_long,
 //	                                      persist_error, commit_backlog, send_error, error)
-//	kiln_dhcp_reply_seconds               receive → reply sent, seconds (includes group commit)
+//	kiln_dhcp_reply_seconds{type}         receive → reply sent, seconds (includes group commit)
 //	kiln_dhcp_lease_commit_seconds        one SaveLeases batch, seconds
 //	kiln_dhcp_lease_commit_leases_total   leases made durable
 type metrics struct {
 	requests, replies *prometheus.CounterVec
 	drops             *prometheus.CounterVec
-	latency, commit   prometheus.Histogram
+	latency           *prometheus.HistogramVec
+	commit            prometheus.Histogram
 	committed         prometheus.Counter
 }
 
@@ -29,8 +30,8 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln_dhcp_requests_total", Help: "DHCP requests handled, by message type and client arch."}, []string{"type", "arch"}),
 		replies:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln_dhcp_replies_total", Help: "DHCP replies sent, by message type and client arch."}, []string{"type", "arch"}),
 		drops:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kiln_dhcp_drops_total", Help: "DHCP requests not answered, by reason."}, []string{"reason"}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kiln_dhcp_reply_seconds", Help: "Time from receiving a request to sending its reply, including the lease group commit.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kiln_dhcp_reply_seconds", Help: "Time from receiving a request to sending its reply, including the lease group commit, by reply type.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}, []string{"type"}),
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kiln_dhcp_lease_commit_seconds", Help: "Duration of one SaveLeases batch.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}),
 		committed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kiln_dhcp_lease_commit_leases_total", Help: "Leases made durable."}),

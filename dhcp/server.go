@@ -107,6 +107,11 @@ func (s *Server) listen(ifi *net.Interface, port int) (*listener, error) {
 					return
 				}
 			}
+			if s.cfg.ReadBuffer > 0 {
+				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, s.cfg.ReadBuffer) != nil {
+					_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, s.cfg.ReadBuffer) // best effort, capped by rmem_max
+				}
+			}
 			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifi.Name)
 		})
 		if err != nil {
@@ -301,7 +306,7 @@ func (s *Server) send(o outgoing, log *slog.Logger) {
 		return
 	}
 	s.m.replies.WithLabelValues(o.label[0], o.label[1]).Inc()
-	s.m.latency.Observe(time.Since(o.recv).Seconds())
+	s.m.latency.WithLabelValues(o.label[0]).Observe(time.Since(o.recv).Seconds())
 }
 
 // committer is the group commit: it takes the first waiting lease change,

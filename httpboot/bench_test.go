@@ -17,7 +17,7 @@ import (
 
 // TestBenchBoot (KILN_BENCH=1): a 2 GiB (sparse) image over HTTP on
 // loopback to 1 and to 20 parallel curl clients (all 20 fetch the same
-// file, each the whole 2 GiB), Kiln vs Debian's nginx (sendfile on) in the
+// file, each its first 1 GiB), Kiln vs Debian's nginx (sendfile on) in the
 // same run; plus the resident memory of each while serving 20 clients.
 func TestBenchBoot(t *testing.T) {
 	if os.Getenv("KILN_BENCH") != "1" {
@@ -29,6 +29,9 @@ func TestBenchBoot(t *testing.T) {
 		}
 	}
 	const size = 2 << 30
+	// Each of the 20 parallel clients reads the first 1 GiB of the same
+	// 2 GiB image (20 GiB per run) to keep the benchmark under two minutes.
+	const per20 = 1 << 30
 	e := startHTTP(t, "127.0.0.1:0", nil)
 	img := filepath.Join(e.srv.Catalog().Dir(), "big.img")
 	f, err := os.Create(img)
@@ -45,8 +48,9 @@ func TestBenchBoot(t *testing.T) {
 	kurl := e.base + "/images/big.img"
 	purl := ngx.base + "/big.img"
 
-	fetch := func(url string, n int) float64 {
-		script := fmt.Sprintf(`for i in $(seq %d); do curl -sS -o /dev/null -w '%%{size_download}\n' %s & done; wait`, n, url)
+	// fetch runs n parallel curls, each reading the first per bytes of url.
+	fetch := func(url string, n int, per int64) float64 {
+		script := fmt.Sprintf(`for i in $(seq %d); do curl -sS -r 0-%d -o /dev/null -w '%%{size_download}\n' %s & done; wait`, n, per-1, url)
 		start := time.Now()
 		out, err := exec.Command("sh", "-c", script).CombinedOutput()
 		d := time.Since(start).Seconds()
@@ -55,25 +59,33 @@ func TestBenchBoot(t *testing.T) {
 		}
 		ok := 0
 		for _, s := range strings.Fields(string(out)) {
-			if v, _ := strconv.ParseInt(s, 10, 64); v == size {
+			if v, _ := strconv.ParseInt(s, 10, 64); v == per {
 				ok++
 			}
 		}
 		if ok != n {
 			t.Fatalf("%s: %d of %d complete\n%s", url, ok, n, out)
 		}
-		return float64(n) * size / d
+		return float64(n) * float64(per) / d
 	}
-	fetch(kurl, 1) // warm the page cache
-	k1, p1 := fetch(kurl, 1), fetch(purl, 1)
-	k1b, p1b := fetch(kurl, 1), fetch(purl, 1)
+	fetch(kurl, 1, size) // warm the page cache
+	k1, p1 := fetch(kurl, 1, size), fetch(purl, 1, size)
+	k1b, p1b := fetch(kurl, 1, size), fetch(purl, 1, size)
 	k1, p1 = max(k1, k1b), max(p1, p1b)
 	fmt.Printf("bench: http_image_1client_bytes_per_s kiln=%.0f peer=%.0f unit=bytes_per_s ratio=%.3f\n", k1, p1, k1/p1)
 
 	rssBefore := rssOf(t, os.Getpid())
 	var kPeak, pPeak int64
-	k20 := sampling(func() float64 { return fetch(kurl, 20) }, func() { kPeak = max(kPeak, rssOf(t, os.Getpid())) })
-	p20 := sampling(func() float64 { return fetch(purl, 20) }, func() { pPeak = max(pPeak, ngx.rss(t)) })
+	var k20, p20 float64
+	for i := 0; i < 2; i++ { // interleaved, best of 2
+		kc, pc := cpuOf(os.Getpid()), ngx.cpu()
+		k := sampling(func() float64 { return fetch(kurl, 20, per20) }, func() { kPeak = max(kPeak, rssOf(t, os.Getpid())) })
+		kc = cpuOf(os.Getpid()) - kc
+		p := sampling(func() float64 { return fetch(purl, 20, per20) }, func() { pPeak = max(pPeak, ngx.rss(t)) })
+		pc = ngx.cpu() - pc
+		t.Logf("20 clients round %d: kiln %.0f B/s (%.1f CPU s), nginx %.0f B/s (%.1f CPU s)", i, k, kc, p, pc)
+		k20, p20 = max(k20, k), max(p20, p)
+	}
 	rssAfter := rssOf(t, os.Getpid())
 	fmt.Printf("bench: http_image_20clients_bytes_per_s kiln=%.0f peer=%.0f unit=bytes_per_s ratio=%.3f\n", k20, p20, k20/p20)
 	fmt.Printf("bench: http_rss_bytes kiln=%d peer=%d unit=bytes ratio=%.3f\n", kPeak, pPeak, float64(kPeak)/float64(pPeak))
@@ -120,6 +132,29 @@ func rssOf(t testing.TB, pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// cpuOf returns utime+stime of pid in seconds (USER_HZ 100).
+func cpuOf(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100
+}
+
+func (n *nginx) cpu() float64 {
+	total := cpuOf(n.cmd.Process.Pid)
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.cmd.Process.Pid, n.cmd.Process.Pid))
+	for _, c := range strings.Fields(string(b)) {
+		pid, _ := strconv.Atoi(c)
+		total += cpuOf(pid)
+	}
+	return total
 }
 
 type nginx struct {

@@ -34,10 +34,28 @@ func benchMachine(id string, i int) store.Machine {
 		RootDisk: store.DiskRule{MinSizeBytes: 100 << 30}}
 }
 
+const benchRounds = 3
+
 type benchResult struct {
 	ops      int
 	elapsed  time.Duration
 	p50, p99 time.Duration
+	lats     []time.Duration
+}
+
+func (b *benchResult) add(o benchResult) {
+	b.ops += o.ops
+	b.elapsed += o.elapsed
+	b.lats = append(b.lats, o.lats...)
+}
+
+func (b *benchResult) finish() {
+	sort.Slice(b.lats, func(i, j int) bool { return b.lats[i] < b.lats[j] })
+	if len(b.lats) == 0 {
+		return
+	}
+	b.p50 = b.lats[int(0.50*float64(len(b.lats)-1))]
+	b.p99 = b.lats[int(0.99*float64(len(b.lats)-1))]
 }
 
 // drive runs writers goroutines calling op for d, and returns throughput
@@ -72,11 +90,15 @@ func drive(t *testing.T, writers int, d time.Duration, op func(w, k int) error) 
 	wg.Wait()
 	el := time.Since(start)
 	if f := failed.Load(); f > 0 {
-		t.Fatalf("%d failed writes, first: %v", f, firstErr.Load())
+		// Under heavy machine load a leadership change can fail a few
+		// writes; many failures mean the figures are not meaningful.
+		if int(f) > len(lats)/100 {
+			t.Errorf("%d failed writes (of %d), first: %v", f, len(lats)+int(f), firstErr.Load())
+		} else {
+			t.Logf("%d failed writes (of %d), first: %v", f, len(lats)+int(f), firstErr.Load())
+		}
 	}
-	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
-	pct := func(p float64) time.Duration { return lats[int(p*float64(len(lats)-1))] }
-	return benchResult{ops: len(lats), elapsed: el, p50: pct(0.50), p99: pct(0.99)}
+	return benchResult{ops: len(lats), elapsed: el, lats: lats}
 }
 
 // bareFSM is the trivial FSM of the peer: it counts entries.
@@ -93,7 +115,8 @@ func (bareSnap) Release()                          {}
 
 // bareCluster starts n bare hashicorp/raft nodes with the same raft
 // settings, log store (raft-boltdb/v2 on bbolt) and transport as the store.
-func bareCluster(t *testing.T, n int) (*raft.Raft, func()) {
+// The returned func gives the current leader (it follows re-elections).
+func bareCluster(t *testing.T, n int) (func() *raft.Raft, func()) {
 	var nodes []*raft.Raft
 	var closers []func()
 	var servers []raft.Server
@@ -109,8 +132,8 @@ func bareCluster(t *testing.T, n int) (*raft.Raft, func()) {
 		dir := t.TempDir()
 		cfg := raft.DefaultConfig()
 		cfg.LocalID = raft.ServerID(fmt.Sprintf("b%d", i))
-		cfg.HeartbeatTimeout, cfg.ElectionTimeout = storetest.HeartbeatTimeout, storetest.ElectionTimeout
-		cfg.LeaderLeaseTimeout, cfg.CommitTimeout = storetest.LeaderLeaseTimeout, storetest.CommitTimeout
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout = benchHeartbeat, benchHeartbeat
+		cfg.LeaderLeaseTimeout, cfg.CommitTimeout = benchLease, benchCommit
 		cfg.BatchApplyCh, cfg.NoLegacyTelemetry, cfg.Logger = true, true, quiet
 		logs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "raft.db"), BoltOptions: &bbolt.Options{Timeout: time.Second}})
 		if err != nil {
@@ -137,21 +160,33 @@ func bareCluster(t *testing.T, n int) (*raft.Raft, func()) {
 		_ = i
 		closers = append(closers, func() { r.Shutdown().Error(); p.trans.Close(); p.logs.Close() })
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, r := range nodes {
-			if r.State() == raft.Leader {
-				return r, func() {
-					for _, c := range closers {
-						c()
-					}
+	stop := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	var cur atomic.Pointer[raft.Raft]
+	leader := func() *raft.Raft {
+		if r := cur.Load(); r != nil && r.State() == raft.Leader {
+			return r
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, r := range nodes {
+				if r.State() == raft.Leader {
+					cur.Store(r)
+					return r
 				}
 			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return nodes[0] // its Apply will fail with ErrNotLeader
 	}
-	t.Fatal("bare raft: no leader")
-	return nil, nil
+	if leader().State() != raft.Leader {
+		stop()
+		t.Fatal("bare raft: no leader")
+	}
+	return leader, stop
 }
 
 func ratio(a, b float64) string {
@@ -159,6 +194,21 @@ func ratio(a, b float64) string {
 		return "inf"
 	}
 	return fmt.Sprintf("%.3f", a/b)
+}
+
+// Raft timing of both sides of the bench: raft's production defaults for
+// heartbeat/election/lease (the short test timeouts flap under load), a
+// short commit timeout.
+const (
+	benchHeartbeat = time.Second
+	benchLease     = 500 * time.Millisecond
+	benchCommit    = 5 * time.Millisecond
+)
+
+func benchCfg(cfg *store.Config) {
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout = benchHeartbeat, benchHeartbeat
+	cfg.LeaderLeaseTimeout, cfg.CommitTimeout = benchLease, benchCommit
+	cfg.ApplyTimeout = 30 * time.Second
 }
 
 // TestBenchRaft compares Kiln's store (PutMachine of ~1 KiB records on the
@@ -169,7 +219,7 @@ func TestBenchRaft(t *testing.T) {
 	if os.Getenv("KILN_BENCH") != "1" {
 		t.Skip("benchmark: set KILN_BENCH=1")
 	}
-	const d = 3 * time.Second
+	const d = time.Second
 	sample, _ := json.Marshal(benchMachine("m-0123456789abcdef", 1))
 	payload := append([]byte{3}, sample...)
 	for _, nodes := range []int{1, 3} {
@@ -178,25 +228,27 @@ func TestBenchRaft(t *testing.T) {
 			if only := os.Getenv("KILN_BENCH_ONLY"); only != "" && only != name {
 				continue
 			}
+			// Both systems run side by side; rounds alternate so that the
+			// machine's background load hits both alike.
+			c := storetest.NewCluster(t, nodes, benchCfg)
+			s := c.Nodes[c.Leader()].Store
+			r, stop := bareCluster(t, nodes)
+			ctx := context.Background()
 			var kiln, peer benchResult
-			func() {
-				c := storetest.NewCluster(t, nodes)
-				s := c.Nodes[c.Leader()].Store
-				ctx := context.Background()
-				kiln = drive(t, writers, d, func(w, k int) error {
-					id := fmt.Sprintf("m-%02d-%07d", w, k)
-					_, err := s.PutMachine(ctx, benchMachine(id, w*1_000_000+k), store.W{Actor: "bench"})
+			for round := 0; round < benchRounds; round++ {
+				kiln.add(drive(t, writers, d, func(w, k int) error {
+					id := fmt.Sprintf("m-%d-%02d-%07d", round, w, k)
+					_, err := s.PutMachine(ctx, benchMachine(id, (round*64+w)*1_000_000+k), store.W{Actor: "bench"})
 					return err
-				})
-				c.Close()
-			}()
-			func() {
-				r, stop := bareCluster(t, nodes)
-				defer stop()
-				peer = drive(t, writers, d, func(w, k int) error {
-					return r.Apply(payload, 10*time.Second).Error()
-				})
-			}()
+				}))
+				peer.add(drive(t, writers, d, func(w, k int) error {
+					return r().Apply(payload, 10*time.Second).Error()
+				}))
+			}
+			stop()
+			c.Close()
+			kiln.finish()
+			peer.finish()
 			kt, pt := float64(kiln.ops)/kiln.elapsed.Seconds(), float64(peer.ops)/peer.elapsed.Seconds()
 			fmt.Printf("bench: store_commits_per_s_%s kiln=%.1f peer=%.1f unit=ops/s ratio=%s\n", name, kt, pt, ratio(kt, pt))
 			fmt.Printf("bench: store_p50_seconds_%s kiln=%.6f peer=%.6f unit=s ratio=%s\n", name,

@@ -98,8 +98,10 @@ func openFSM(path string, log *slog.Logger) (*fsm, error) {
 	if err := checkBolt(path); err != nil {
 		return nil, err
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	for _, p := range []string{path, path + ".restore"} { // .restore: left by a crash mid-Restore
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
 	}
 	f := &fsm{path: path, log: log, eventsCh: make(chan struct{}), applyCh: make(chan struct{})}
 	db, err := openFSMFile(path)
@@ -111,7 +113,7 @@ func openFSM(path string, log *slog.Logger) (*fsm, error) {
 }
 
 func openFSMFile(path string) (*bbolt.DB, error) {
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: boltTimeout, NoSync: true})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: boltTimeout, NoSync: true, NoGrowSync: true})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}

@@ -2,7 +2,8 @@
 // provisioning environment) and the appliance. It imports nothing of Kiln's so
 // that both cmd/kiln-agent and appliance/api can share it.
 //
-// Protocol (all JSON over HTTP, bearer token from the kernel command line):
+// Protocol (all JSON over HTTP, bearer token from the kernel command line, the
+// machine ID in the X-Kiln-Machine header):
 //
 //	POST {url}/v1/agent/register   Registration      → Task
 //	GET  {url}/v1/agent/task       (poll)            → Task
@@ -12,6 +13,10 @@
 package agentapi
 
 import "time"
+
+// HeaderMachine names the machine on every agent request; the appliance checks
+// the bearer token against it (and against a body's machine_id when present).
+const HeaderMachine = "X-Kiln-Machine"
 
 // Kernel command-line keys the agent reads (/proc/cmdline).
 const (

@@ -64,6 +64,8 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 			m.State = store.StateInspecting
 			m.Reason, m.Message = ReasonAgentRegistered, ""
 			m.Step = &store.StepStatus{Step: agentapi.StepInspect, State: string(agentapi.StateSucceeded), At: now}
+		case store.StateInspecting:
+			m.Step = &store.StepStatus{Step: agentapi.StepInspect, State: string(agentapi.StateSucceeded), At: now}
 		case store.StateProvisioning:
 			if m.Step != nil && m.Step.State != stepPending {
 				// The agent rebooted in the middle of the build.

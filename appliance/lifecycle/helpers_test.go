@@ -36,12 +36,20 @@ func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.U
 // exercised against ipmi_sim in package bmc): it records every call in
 // order and fails the kinds listed in fail.
 type recBMC struct {
+	gate  chan struct{} // when set, every call waits for a receive or ctx end
 	mu    sync.Mutex
 	calls []string // "kind machineID"
 	fail  map[string]error
 }
 
-func (b *recBMC) do(kind, id string) error {
+func (b *recBMC) do(ctx context.Context, kind, id string) error {
+	if b.gate != nil {
+		select {
+		case <-b.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.calls = append(b.calls, kind+" "+id)
@@ -64,11 +72,13 @@ func (b *recBMC) Calls() []string {
 	defer b.mu.Unlock()
 	return append([]string(nil), b.calls...)
 }
-func (b *recBMC) PowerOn(_ context.Context, id string) error    { return b.do(JobPowerOn, id) }
-func (b *recBMC) PowerCycle(_ context.Context, id string) error { return b.do(JobPowerCycle, id) }
-func (b *recBMC) PowerOff(_ context.Context, id string) error   { return b.do(JobPowerOff, id) }
-func (b *recBMC) SetNextBootPXE(_ context.Context, id string, _ store.BootMode) error {
-	return b.do(JobBootPXE, id)
+func (b *recBMC) PowerOn(ctx context.Context, id string) error { return b.do(ctx, JobPowerOn, id) }
+func (b *recBMC) PowerCycle(ctx context.Context, id string) error {
+	return b.do(ctx, JobPowerCycle, id)
+}
+func (b *recBMC) PowerOff(ctx context.Context, id string) error { return b.do(ctx, JobPowerOff, id) }
+func (b *recBMC) SetNextBootPXE(ctx context.Context, id string, _ store.BootMode) error {
+	return b.do(ctx, JobBootPXE, id)
 }
 
 // gcmSealer is a real AES-256-GCM sealer (nonce || ciphertext).
@@ -134,7 +144,9 @@ func (d dirCatalog) Upload(_ context.Context, name string, r io.Reader, want str
 	return CatalogEntry{Name: name, Size: n, SHA256: sum}, nil
 }
 
-func (d dirCatalog) Delete(_ context.Context, name string) error {
+var _ CatalogDeleter = dirCatalog{}
+
+func (d dirCatalog) Delete(name string) error {
 	return os.Remove(filepath.Join(d.dir, name))
 }
 

@@ -179,6 +179,11 @@ func (c *Controller) finishJob(ctx context.Context, j store.Job, state, reason, 
 	c.m.jobs.WithLabelValues(j.Kind, state).Inc()
 }
 
+// queuePerWorker bounds auto-inspection's queue: at most Workers ×
+// queuePerWorker sequences wait, so a freshly imported hall is powered on
+// gradually rather than all at once.
+const queuePerWorker = 4
+
 // autoInspect powers registered machines with a BMC into inspection
 // (boot_pxe, power_cycle → inspecting), with per-machine backoff after BMC failures.
 func (c *Controller) autoInspect(ctx context.Context) error {
@@ -194,7 +199,11 @@ func (c *Controller) autoInspect(ctx context.Context) error {
 		c.mu.Lock()
 		b := c.backoff[m.ID]
 		busy := c.inflight[m.ID]
+		full := len(c.queue) >= c.cfg.Workers*queuePerWorker
 		c.mu.Unlock()
+		if full {
+			return nil // the rest wait for a later tick: no mass power-on
+		}
 		if busy || now.Before(b.next) {
 			continue
 		}

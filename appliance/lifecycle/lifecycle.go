@@ -116,9 +116,10 @@ type Catalog interface {
 	Upload(ctx context.Context, name string, r io.Reader, wantSHA256 string, size int64) (CatalogEntry, error)
 }
 
-// catalogDeleter is optionally implemented by a Catalog; DeleteImage uses it.
-type catalogDeleter interface {
-	Delete(ctx context.Context, name string) error
+// CatalogDeleter is optionally implemented by a Catalog: DeleteImage then
+// removes the image file too (a missing file, fs.ErrNotExist, is not an error).
+type CatalogDeleter interface {
+	Delete(name string) error
 }
 
 // Policy is the action on an intended-vs-discovered difference in one field.
@@ -391,8 +392,28 @@ func (c *Controller) Run(ctx context.Context, log *slog.Logger) error {
 		case <-ctx.Done():
 			c.signal() // wake workers so they see ctx end
 			wg.Wait()
+			c.abandonQueue(ctx)
 			return nil
 		case <-t.C:
+		}
+	}
+}
+
+// abandonQueue closes the jobs of sequences no worker started (the
+// controller is stopping) as failed, so none is left pending.
+func (c *Controller) abandonQueue(ctx context.Context) {
+	c.mu.Lock()
+	q := c.queue
+	c.queue = nil
+	for _, w := range q {
+		delete(c.inflight, w.machine)
+	}
+	c.mu.Unlock()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for _, w := range q {
+		for _, j := range w.jobs {
+			c.finishJob(sctx, j, JobFailed, "shutdown", "controller stopped before the job ran")
 		}
 	}
 }

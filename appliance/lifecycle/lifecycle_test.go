@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -85,63 +87,89 @@ func TestTransitionTable(t *testing.T) {
 			}
 			h := newHarness(t, st, nil)
 			legal, illegal := 0, 0
+			// Build one machine per (from, to) pair in state from through
+			// legal writes only, in a few batched commands.
+			type pair struct{ from, to store.MachineState }
+			var pairs []pair
+			var batch []store.Machine
 			for _, from := range store.AllStates {
 				for _, to := range store.AllStates {
-					// Build a machine in state from through legal writes only.
 					create := store.StateRegistered
 					if from == store.StateDiscovered {
 						create = store.StateDiscovered
 					}
-					m, err := st.PutMachine(bg, store.Machine{Name: fmt.Sprintf("t-%s-%s", from, to), State: create}, store.W{Actor: "test"})
-					must(t, err)
-					if from != store.StateDiscovered {
-						for _, s := range pathTo(from) {
-							m.State = s
-							m, err = st.PutMachine(bg, m, store.W{Actor: "test", Reason: "setup"})
-							must(t, err)
-						}
+					pairs = append(pairs, pair{from, to})
+					batch = append(batch, store.Machine{Name: fmt.Sprintf("t-%s-%s", from, to), State: create})
+				}
+			}
+			made, err := st.PutMachines(bg, batch, store.W{Actor: "test"})
+			must(t, err)
+			for depth := 0; ; depth++ {
+				var step []store.Machine
+				var idx []int
+				for i, p := range pairs {
+					if path := pathTo(p.from); p.from != store.StateDiscovered && depth < len(path) {
+						m := made[i]
+						m.State = path[depth]
+						step, idx = append(step, m), append(idx, i)
 					}
-					if m.State != from {
-						t.Fatalf("setup reached %s, want %s", m.State, from)
+				}
+				if len(step) == 0 {
+					break
+				}
+				out, err := st.PutMachines(bg, step, store.W{Actor: "test", Reason: "setup"})
+				must(t, err)
+				for j, i := range idx {
+					made[i] = out[j]
+				}
+			}
+			for i, p := range pairs {
+				from, to, m := p.from, p.to, made[i]
+				if m.State != from {
+					t.Fatalf("setup reached %s, want %s", m.State, from)
+				}
+				before := len(events())
+				_, err = h.c.update(bg, m.ID, store.W{Actor: "tester", Reason: "table"}, func(x *store.Machine) error {
+					x.State = to
+					return nil
+				})
+				after := events()
+				got := h.get(m.ID)
+				switch {
+				case from == to:
+					must(t, err) // no transition: a plain update
+				case store.CanTransition(from, to):
+					legal++
+					if err != nil {
+						t.Fatalf("%s → %s legal, got %v", from, to, err)
 					}
-					before := len(events())
-					_, err = h.c.update(bg, m.ID, store.W{Actor: "tester", Reason: "table"}, func(x *store.Machine) error {
-						x.State = to
-						return nil
-					})
-					after := events()
-					got := h.get(m.ID)
-					switch {
-					case from == to:
-						must(t, err) // no transition: a plain update
-					case store.CanTransition(from, to):
-						legal++
-						if err != nil {
-							t.Fatalf("%s → %s legal, got %v", from, to, err)
-						}
-						if got.State != to || got.Reason != "table" {
-							t.Fatalf("%s → %s: stored %s reason %q", from, to, got.State, got.Reason)
-						}
-						ev := after[len(after)-1]
-						if len(after) != before+1 || ev.Kind != "transition" || ev.From != string(from) || ev.To != string(to) ||
-							ev.Reason != "table" || ev.Subject != "machine/"+m.ID {
-							t.Fatalf("%s → %s: events %d→%d, last %+v", from, to, before, len(after), ev)
-						}
-					default:
-						illegal++
-						if !isIllegal(err, from, to) {
-							t.Fatalf("%s → %s illegal, got %v", from, to, err)
-						}
-						if !strings.Contains(err.Error(), string(from)) || !strings.Contains(err.Error(), string(to)) {
-							t.Fatalf("error %q does not name both states", err)
-						}
-						if got.State != from || len(after) != before {
-							t.Fatalf("%s → %s refused but state %s, events %d→%d", from, to, got.State, before, len(after))
-						}
+					if got.State != to || got.Reason != "table" {
+						t.Fatalf("%s → %s: stored %s reason %q", from, to, got.State, got.Reason)
+					}
+					ev := after[len(after)-1]
+					if len(after) != before+1 || ev.Kind != "transition" || ev.From != string(from) || ev.To != string(to) ||
+						ev.Reason != "table" || ev.Subject != "machine/"+m.ID {
+						t.Fatalf("%s → %s: events %d→%d, last %+v", from, to, before, len(after), ev)
+					}
+				default:
+					illegal++
+					if !isIllegal(err, from, to) {
+						t.Fatalf("%s → %s illegal, got %v", from, to, err)
+					}
+					if !strings.Contains(err.Error(), string(from)) || !strings.Contains(err.Error(), string(to)) {
+						t.Fatalf("error %q does not name both states", err)
+					}
+					if got.State != from || len(after) != before {
+						t.Fatalf("%s → %s refused but state %s, events %d→%d", from, to, got.State, before, len(after))
+					}
+					// The store refuses it too when a writer bypasses the controller.
+					direct := got
+					direct.State = to
+					if _, err := st.PutMachine(bg, direct, store.W{Actor: "rogue"}); !isIllegal(err, from, to) {
+						t.Fatalf("store accepted %s → %s: %v", from, to, err)
 					}
 				}
 			}
-			// The store itself refuses illegal transitions too (a writer bypassing the controller).
 			if legal+illegal != len(store.AllStates)*(len(store.AllStates)-1) || legal == 0 || illegal == 0 {
 				t.Fatalf("legal %d illegal %d", legal, illegal)
 			}
@@ -685,9 +713,16 @@ func TestUploadAndDeleteImage(t *testing.T) {
 			t.Fatalf("%+v: %v", bad, err)
 		}
 	}
+	file := filepath.Join(h.c.cfg.Catalog.(dirCatalog).dir, "os-1.raw")
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("catalog file: %v", err)
+	}
 	must(t, h.c.DeleteImage(bg, im.ID, store.W{Actor: "alice"}))
 	if _, err := f.GetImage(im.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatal("image still there")
+	}
+	if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("catalog file not deleted: %v", err)
 	}
 }
 
@@ -775,5 +810,56 @@ func TestRealStoreFlow(t *testing.T) {
 	must(t, err)
 	if len(jobs) != 2 {
 		t.Fatalf("jobs %+v", jobs)
+	}
+	// An unknown MAC is discovered, inspected by its agent and becomes available.
+	boot, err = h.c.BootFor(bg, "52:54:00:99:00:01")
+	must(t, err)
+	if boot.Action != BootDiscover || !h.c.VerifyAgentToken(boot.MachineID, boot.Token) {
+		t.Fatalf("discover %+v", boot)
+	}
+	_, err = h.c.AgentRegister(bg, boot.MachineID, agentapi.Registration{Inventory: agentapi.Inventory{Serial: "D1", CPUs: 2,
+		NICs: []agentapi.NIC{{Name: "eth0", MAC: "52:54:00:99:00:01"}, {Name: "eth1", MAC: "52:54:00:99:00:02"}}}})
+	must(t, err)
+	h.mustState(boot.MachineID, store.StateAvailable)
+	if m, err := s.MachineByMAC("52:54:00:99:00:02"); err != nil || m.ID != boot.MachineID {
+		t.Fatalf("discovered NIC not indexed: %v", err)
+	}
+}
+
+// TestGradualPowerOnAndShutdown: a large registered hall is not powered on
+// all at once (the queue is bounded), and stopping the controller closes
+// every job it had queued as failed.
+func TestGradualPowerOnAndShutdown(t *testing.T) {
+	f := newFakeStore()
+	h := newHarness(t, f, func(c *Config) { c.Workers = 1 })
+	h.bmc.gate = make(chan struct{})
+	var b strings.Builder
+	b.WriteString("name,macs\n")
+	for i := 0; i < 30; i++ {
+		fmt.Fprintf(&b, "g%02d,02:00:00:00:01:%02x\n", i, i)
+	}
+	res, err := h.c.Import(bg, strings.NewReader(b.String()), "csv", store.W{})
+	must(t, err)
+	for _, id := range res.IDs {
+		_, err := h.c.EnrollBMC(bg, id, store.BMC{Address: "10.99.1.1", Username: "u"}, "p", store.W{})
+		must(t, err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan error, 1)
+	go func() { done <- h.c.Run(ctx, nil) }()
+	time.Sleep(200 * time.Millisecond) // ~10 ticks
+	h.bmc.gate <- struct{}{}           // let one BMC call through
+	time.Sleep(50 * time.Millisecond)
+	jobs := f.allJobs()
+	// 1 running sequence + at most Workers×queuePerWorker queued, 2 jobs each.
+	if max := 2 * (1 + 1*queuePerWorker + 1); len(jobs) > max || len(jobs) < 4 {
+		t.Fatalf("%d jobs created for 30 machines, want 4..%d", len(jobs), max)
+	}
+	cancel()
+	must(t, <-done)
+	for _, j := range f.allJobs() {
+		if j.State != JobFailed && j.State != JobSucceeded {
+			t.Fatalf("job %s left %s after shutdown", j.ID, j.State)
+		}
 	}
 }

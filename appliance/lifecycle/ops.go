@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/netip"
 	"regexp"
@@ -470,8 +471,8 @@ func (c *Controller) DeleteImage(ctx context.Context, id string, w store.W) erro
 	if err := c.st.DeleteImage(ctx, id, withDefaults(w, "image_deleted")); err != nil {
 		return fmt.Errorf("lifecycle: delete image %s: %w", id, err)
 	}
-	if d, ok := c.cfg.Catalog.(catalogDeleter); ok {
-		if err := d.Delete(ctx, img.Name); err != nil {
+	if d, ok := c.cfg.Catalog.(CatalogDeleter); ok {
+		if err := d.Delete(img.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("lifecycle: image %s deleted, catalog file %s kept: %w", id, img.Name, err)
 		}
 	}

@@ -18,7 +18,7 @@ OUT=${KILN_ENV_OUT:-$ROOT/build/env}
 CACHE=${KILN_ENV_CACHE:-$ROOT/build/cache}
 GO=${GO:-go}
 # virtio (qemu, most clouds), e1000/igb/ixgbe/bnxt/mlx5 are left out on purpose: add NIC drivers here.
-WANT_MODULES=${WANT_MODULES:-"virtio_pci virtio_net virtio_blk virtio_scsi sd_mod nvme ahci e1000 e1000e af_packet"}
+WANT_MODULES=${WANT_MODULES:-"virtio_pci virtio_net virtio_blk virtio_scsi sd_mod nvme ahci e1000 e1000e af_packet ipmi_si ipmi_devintf"}
 mkdir -p "$OUT" "$CACHE"
 
 # One build at a time per cache (tests may build concurrently).

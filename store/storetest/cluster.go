@@ -18,9 +18,9 @@ import (
 
 // Short raft timing for tests (loopback, -race, 2 CPUs).
 const (
-	HeartbeatTimeout   = 150 * time.Millisecond
-	ElectionTimeout    = 150 * time.Millisecond
-	LeaderLeaseTimeout = 100 * time.Millisecond
+	HeartbeatTimeout   = 300 * time.Millisecond
+	ElectionTimeout    = 300 * time.Millisecond
+	LeaderLeaseTimeout = 200 * time.Millisecond
 	CommitTimeout      = 5 * time.Millisecond
 	ApplyTimeout       = 5 * time.Second
 )

@@ -65,6 +65,8 @@ type Config struct {
 	RetryMax  time.Duration
 	// MaxResumes bounds Range resumptions of one image stream.
 	MaxResumes int
+	// IPMIDevice is the in-band IPMI device for the BMC address ("/dev/ipmi0" when empty).
+	IPMIDevice string
 	// StallTimeout: an image stream that delivers no byte for this long is dropped and
 	// resumed (counts against MaxResumes).
 	StallTimeout time.Duration
@@ -72,6 +74,8 @@ type Config struct {
 	StageSize int64
 	// ReadTestBytes is how much the check step reads for the speed test.
 	ReadTestBytes int64
+
+	noDiscard bool // tests: take erase's overwrite path
 }
 
 // Agent runs the protocol of agentapi against one appliance.
@@ -117,6 +121,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.MaxResumes <= 0 {
 		cfg.MaxResumes = DefaultMaxResumes
+	}
+	if cfg.IPMIDevice == "" {
+		cfg.IPMIDevice = "/dev/ipmi0"
 	}
 	if cfg.StallTimeout <= 0 {
 		cfg.StallTimeout = DefaultStallTimeout
@@ -183,6 +190,8 @@ func (a *Agent) callOnce(ctx context.Context, method, path string, body []byte, 
 	if a.cfg.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+a.cfg.Token)
 	}
+	// The appliance checks the per-boot token against this machine (agentapi.HeaderMachine).
+	req.Header.Set(agentapi.HeaderMachine, a.cfg.MachineID)
 	resp, err := a.cfg.HTTP.Do(req)
 	if err != nil {
 		return err
@@ -287,6 +296,15 @@ func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
 	}
 	if disks, derr := a.cfg.ListDisks(); derr == nil {
 		inv.Disks = disks
+	}
+	if inv.BMCAddress == "" {
+		ip, err := BMCAddress(a.cfg.IPMIDevice, 2*time.Second)
+		if err != nil {
+			a.say("bmc: not visible in-band: %v", err)
+		} else {
+			a.say("bmc: %s", ip)
+		}
+		inv.BMCAddress = ip
 	}
 	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20, len(inv.Disks), len(inv.NICs))
 	var task agentapi.Task
@@ -777,7 +795,11 @@ func (a *Agent) Erase(ctx context.Context, task *agentapi.Task) error {
 			return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "wipe signatures: %v", err)
 		}
 		method := "discard"
-		if err := dev.Discard(0, dev.Size); err != nil {
+		derr := errors.New("discard disabled")
+		if !a.cfg.noDiscard {
+			derr = dev.Discard(0, dev.Size)
+		}
+		if derr != nil {
 			method = "overwrite"
 			p := a.startProgress(ctx, agentapi.StepErase, task.Heartbeat)
 			buf := make([]byte, writeBufSize)

@@ -307,25 +307,30 @@ func TestProvisionForeignOS(t *testing.T) {
 	}
 }
 
-// TestErase: random data erased; first and last MiB read zeros (checked here from the host).
+// TestErase: random data erased (discard, then the overwrite fallback); the whole disk
+// reads zeros afterwards (checked here from the host).
 func TestErase(t *testing.T) {
 	needRoot(t)
-	fill := bytes.Repeat([]byte{0xA5, 0x5A, 0x01, 0xFF}, 2<<20) // 8 MiB non-zero
-	dev, file := newLoop(t, 16<<20, fill)
-	f, _ := os.OpenFile(file, os.O_WRONLY, 0)
-	f.WriteAt(fill[:1<<20], 15<<20)
-	f.Close()
-	fa := newFakeAppliance(t)
-	fa.tasks = []agentapi.Task{{Action: agentapi.ActionErase, Disk: agentapi.DiskRule{Serial: loopSerial}, PollAfter: 1e7}}
-	runAgent(t, fa, dev, loopSerial)
-	r, _ := fa.final(agentapi.StepErase)
-	if r.State != agentapi.StateSucceeded {
-		t.Fatalf("erase: %+v", r)
-	}
-	run(t, "losetup", "-d", dev) // drop the loop device's cache before reading the file
-	b, _ := os.ReadFile(file)
-	if !bytes.Equal(b, make([]byte, len(b))) {
-		t.Fatalf("disk not all zeros after erase (%s)", r.Message)
+	for _, method := range []string{"discard", "overwrite"} {
+		t.Run(method, func(t *testing.T) {
+			fill := bytes.Repeat([]byte{0xA5, 0x5A, 0x01, 0xFF}, 2<<20) // 8 MiB non-zero
+			dev, file := newLoop(t, 16<<20, fill)
+			f, _ := os.OpenFile(file, os.O_WRONLY, 0)
+			f.WriteAt(fill[:1<<20], 15<<20)
+			f.Close()
+			fa := newFakeAppliance(t)
+			fa.tasks = []agentapi.Task{{Action: agentapi.ActionErase, Disk: agentapi.DiskRule{Serial: loopSerial}, PollAfter: 1e7, Heartbeat: 1e7}}
+			runAgentCfg(t, fa, dev, loopSerial, func(c *Config) { c.noDiscard = method == "overwrite" })
+			r, _ := fa.final(agentapi.StepErase)
+			if r.State != agentapi.StateSucceeded || !strings.Contains(r.Message, "by "+method) {
+				t.Fatalf("erase: %+v", r)
+			}
+			detachLoop(dev, file) // drop the loop device's cache before reading the file
+			b, _ := os.ReadFile(file)
+			if !bytes.Equal(b, make([]byte, len(b))) {
+				t.Fatalf("disk not all zeros after erase (%s)", r.Message)
+			}
+		})
 	}
 }
 
@@ -413,5 +418,37 @@ func TestMessagesSanitized(t *testing.T) {
 	m := sanitize("a\x1b[31mb\nc" + strings.Repeat("é", 600))
 	if strings.ContainsAny(m, "\x1b\n") || len(m) > agentapi.MaxMessageLen {
 		t.Errorf("%q (%d bytes)", m, len(m))
+	}
+}
+
+// TestCheckGates: the remaining check-step gates, each with the disk left untouched.
+func TestCheckGates(t *testing.T) {
+	needRoot(t, "sfdisk", "mkfs.ext4")
+	img := buildImage(t, "gpt", 8, "gates")
+	for _, tc := range []struct {
+		name   string
+		adjust func(*agentapi.Task)
+		reason agentapi.Reason
+	}{
+		{"slow", func(k *agentapi.Task) { k.MinReadMBps = 1e9 }, agentapi.ReasonDiskTooSlow},
+		{"no-such-serial", func(k *agentapi.Task) { k.Disk = agentapi.DiskRule{Serial: "ABSENT"} }, agentapi.ReasonDiskNotFound},
+		{"no-such-wwn", func(k *agentapi.Task) { k.Disk = agentapi.DiskRule{WWN: "naa.0"} }, agentapi.ReasonDiskNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fa := newFakeAppliance(t)
+			fa.images["img"] = img
+			task := provisionTask(fa, "img", img, "raw")
+			tc.adjust(&task)
+			fa.tasks = []agentapi.Task{task}
+			dev, file := newLoop(t, 64<<20, bytes.Repeat([]byte{7}, 1<<20))
+			before := fileSHA(t, file)
+			runAgent(t, fa, dev, loopSerial)
+			if r, _ := fa.final(agentapi.StepCheck); r.State != agentapi.StateFailed || r.Reason != tc.reason {
+				t.Fatalf("check: %+v", r)
+			}
+			if fileSHA(t, file) != before || fa.gets["img"] != 0 {
+				t.Fatal("disk changed or image fetched after a failed check")
+			}
+		})
 	}
 }

@@ -248,8 +248,18 @@ func newLoop(t *testing.T, size int64, fill []byte) (dev, file string) {
 	}
 	f.Close()
 	dev = strings.TrimSpace(run(t, "losetup", "-f", "--show", file))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	t.Cleanup(func() { detachLoop(dev, file) })
 	return dev, file
+}
+
+// detachLoop detaches dev only while it is still backed by file: loop devices are shared
+// with other test suites, and a number we released may already be someone else's.
+func detachLoop(dev, file string) {
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop/backing_file"))
+	if err != nil || strings.TrimSpace(string(b)) != file {
+		return
+	}
+	_ = exec.Command("losetup", "-d", dev).Run()
 }
 
 // buildImage makes a disk image of sizeMiB with a partition table (label "gpt" or "dos")

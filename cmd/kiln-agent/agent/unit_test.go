@@ -224,3 +224,40 @@ func FuzzForeign(f *testing.F) {
 		_, _ = Foreign(memDisk(append(b, make([]byte, 512)...)), 512)
 	})
 }
+
+func TestParseATAStatusSense(t *testing.T) {
+	mk := func(mid, high byte) []byte {
+		s := make([]byte, 8+14)
+		s[0], s[7] = 0x72, 14
+		d := s[8:]
+		d[0], d[1], d[9], d[11] = 0x09, 0x0c, mid, high
+		return s
+	}
+	for _, tc := range []struct {
+		in   []byte
+		want string
+	}{{mk(0x4F, 0xC2), HealthOK}, {mk(0xF4, 0x2C), HealthFailing}, {mk(0, 0), "not_reported"}, {[]byte{0x70}, "not_reported"}} {
+		if got := parseATAStatusSense(tc.in); got != tc.want {
+			t.Errorf("% x: %s want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// FuzzParseATAStatusSense: sense bytes come from the device.
+func FuzzParseATAStatusSense(f *testing.F) {
+	f.Add([]byte{0x72, 0, 0, 0, 0, 0, 0, 14, 0x09, 0x0c, 0, 0, 0, 0, 0, 0, 0, 0x4F, 0, 0xC2, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) { _ = parseATAStatusSense(b) })
+}
+
+func TestParseLANIPResponse(t *testing.T) {
+	for in, want := range map[string]string{
+		"\x00\x11\x0a\x63\x01\x0b": "10.99.1.11",
+		"\x00\x11\x00\x00\x00\x00": "",
+		"\xc1":                     "",
+		"":                         "",
+	} {
+		if got := parseLANIPResponse([]byte(in)); got != want {
+			t.Errorf("% x: %q want %q", in, got, want)
+		}
+	}
+}

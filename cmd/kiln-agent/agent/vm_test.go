@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -68,6 +69,8 @@ type vmResult struct {
 	diskFile string
 	peerFile string
 	nvmeFile string
+	sataFile string
+	bmc      bool // an ipmi_sim BMC (LAN address bmcTestAddr) is wired in-band
 	serial   string
 	elapsed  time.Duration
 }
@@ -101,8 +104,8 @@ func bootVM(t *testing.T, imgMiB int, bench bool) vmResult {
 	fa.tasks = []agentapi.Task{{Action: agentapi.ActionInspect, PollAfter: 300 * time.Millisecond}, task}
 
 	dir := t.TempDir()
-	res := vmResult{fa: fa, img: img, diskFile: filepath.Join(dir, "disk.raw"), peerFile: filepath.Join(dir, "peer.raw"), nvmeFile: filepath.Join(dir, "nvme.raw")}
-	for _, f := range []string{res.diskFile, res.peerFile, res.nvmeFile} {
+	res := vmResult{fa: fa, img: img, diskFile: filepath.Join(dir, "disk.raw"), peerFile: filepath.Join(dir, "peer.raw"), nvmeFile: filepath.Join(dir, "nvme.raw"), sataFile: filepath.Join(dir, "sata.raw")}
+	for _, f := range []string{res.diskFile, res.peerFile, res.nvmeFile, res.sataFile} {
 		if err := os.WriteFile(f, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -119,11 +122,19 @@ func bootVM(t *testing.T, imgMiB int, bench bool) vmResult {
 		// An NVMe disk (smaller, so the serial rule, not size, picks vda) reports SMART health.
 		"-drive", "file=" + res.nvmeFile + ",format=raw,if=none,id=d2,cache=unsafe",
 		"-device", "nvme,drive=d2,serial=NVME0001",
+		// A SATA disk on AHCI answers SMART RETURN STATUS through libata's SAT layer.
+		"-device", "ahci,id=ahci0",
+		"-drive", "file=" + res.sataFile + ",format=raw,if=none,id=d3,cache=unsafe",
+		"-device", "ide-hd,drive=d3,bus=ahci0.0,serial=SATA0001",
 		"-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"}
 	if bench {
 		appendArgs += " kiln.bench_peer=" + guestURL + "/images/img kiln.bench_dev=/dev/vdb"
 		args = append(args, "-drive", "file="+res.peerFile+",format=raw,if=none,id=d1,cache=unsafe",
 			"-device", "virtio-blk-pci,drive=d1,serial=PEER0001")
+	}
+	if bmcArgs := startIPMISim(t, dir); bmcArgs != nil {
+		args = append(args, bmcArgs...)
+		res.bmc = true
 	}
 	args = append(args, "-append", appendArgs)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
@@ -139,6 +150,92 @@ func bootVM(t *testing.T, imgMiB int, bench bool) vmResult {
 		t.Fatal("VM timed out")
 	}
 	return res
+}
+
+// bmcTestAddr is set on the simulated BMC's LAN channel (inside this suite's 10.73/16; no
+// traffic goes to it).
+const bmcTestAddr = "10.73.9.9"
+
+func freePort(t *testing.T, network string) int {
+	t.Helper()
+	if network == "udp" {
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.LocalAddr().(*net.UDPAddr).Port
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startIPMISim starts OpenIPMI's ipmi_sim on loopback (LAN 127.0.0.1:UDP, VM codec on a TCP
+// port qemu connects to) and returns the qemu arguments for an in-band BT interface; nil
+// (with a log line) when ipmi_sim is not installed.
+func startIPMISim(t *testing.T, dir string) []string {
+	t.Helper()
+	if _, err := exec.LookPath("ipmi_sim"); err != nil {
+		t.Log("ipmi_sim not installed: BMC address check skipped")
+		return nil
+	}
+	lan, vmPort := freePort(t, "udp"), freePort(t, "tcp")
+	conf := filepath.Join(dir, "lan.conf")
+	emu := filepath.Join(dir, "bmc.emu")
+	os.WriteFile(emu, []byte("mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n"), 0o644)
+	os.WriteFile(conf, []byte(fmt.Sprintf(`name "kag-bmc"
+set_working_mc 0x20
+  startlan 1
+    addr 127.0.0.1 %d
+    priv_limit admin
+    allowed_auths_admin none md5
+    guid a123456789abcdefa123456789abcd01
+  endlan
+  serial 15 127.0.0.1 %d codec VM
+  user 2 true  "admin" "password" admin  10 none md5
+`, lan, vmPort)), 0o644)
+	state := filepath.Join(dir, "bmc-state")
+	os.MkdirAll(state, 0o755)
+	cmd := exec.Command("ipmi_sim", "-c", conf, "-f", emu, "-s", state, "-n")
+	logf, _ := os.Create(filepath.Join(dir, "ipmi_sim.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("ipmi_sim: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); logf.Close() })
+	// Wait until the VM-codec port listens (read /proc/net/tcp: a probe connection would
+	// take ipmi_sim's single VM slot).
+	want := fmt.Sprintf(":%04X 00000000:0000 0A", vmPort)
+	for i := 0; i < 50; i++ {
+		if b, _ := os.ReadFile("/proc/net/tcp"); strings.Contains(string(b), want) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Give the BMC a LAN address over RMCP+ (as a site would), to be read back in-band.
+	if _, err := exec.LookPath("ipmitool"); err != nil {
+		t.Log("ipmitool not installed: BMC address check skipped")
+		return nil
+	}
+	var setErr error
+	for i := 0; i < 20; i++ {
+		out, err := exec.Command("ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", strconv.Itoa(lan),
+			"-U", "admin", "-P", "password", "lan", "set", "1", "ipaddr", bmcTestAddr).CombinedOutput()
+		if setErr = err; err == nil {
+			break
+		}
+		setErr = fmt.Errorf("%v: %s", err, out)
+		time.Sleep(200 * time.Millisecond)
+	}
+	if setErr != nil {
+		t.Fatalf("ipmitool lan set: %v", setErr)
+	}
+	return []string{"-chardev", fmt.Sprintf("socket,id=ipmi0,host=127.0.0.1,port=%d,reconnect=10", vmPort),
+		"-device", "ipmi-bmc-extern,chardev=ipmi0,id=bmc0", "-device", "isa-ipmi-bt,bmc=bmc0"}
 }
 
 func tail(s string, n int) string {
@@ -176,14 +273,15 @@ func checkVMResult(t *testing.T, res vmResult) map[string]string {
 			t.Errorf("serial log lacks %q", want)
 		}
 	}
-	var nvme *agentapi.Disk
-	for i, d := range res.fa.reg.Inventory.Disks {
-		if d.Serial == "NVME0001" {
-			nvme = &res.fa.reg.Inventory.Disks[i]
-		}
+	if res.bmc && res.fa.reg.Inventory.BMCAddress != bmcTestAddr {
+		t.Errorf("BMC address seen in-band: %q, want %s", res.fa.reg.Inventory.BMCAddress, bmcTestAddr)
 	}
-	if nvme == nil || nvme.Health != HealthOK {
-		t.Errorf("nvme disk health: %+v (inventory %+v)", nvme, res.fa.reg.Inventory.Disks)
+	health := map[string]string{}
+	for _, d := range res.fa.reg.Inventory.Disks {
+		health[d.Serial] = d.Health
+	}
+	if health["NVME0001"] != HealthOK || health["SATA0001"] != HealthOK || health["KILNVM01"] != "not_reported" {
+		t.Errorf("disk health: %v (inventory %+v)", health, res.fa.reg.Inventory.Disks)
 	}
 	if !regexp.MustCompile(`kiln-agent: step write [0-9]+%`).MatchString(res.serial) {
 		t.Error("serial log lacks write progress lines")

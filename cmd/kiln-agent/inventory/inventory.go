@@ -142,7 +142,8 @@ func DiskAt(root, name string) agentapi.Disk {
 		d.SizeBytes = sectors * 512 // the block layer's size file is in 512-byte units
 	}
 	d.Model = readTrim(filepath.Join(dir, "device/model"))
-	d.Serial = firstNonEmpty(readTrim(filepath.Join(dir, "device/serial")), readTrim(filepath.Join(dir, "serial")))
+	d.Serial = firstNonEmpty(readTrim(filepath.Join(dir, "device/serial")), readTrim(filepath.Join(dir, "serial")),
+		vpdSerial(filepath.Join(dir, "device/vpd_pg80")))
 	d.WWN = firstNonEmpty(readTrim(filepath.Join(dir, "wwid")), readTrim(filepath.Join(dir, "device/wwid")))
 	d.Rotational = readTrim(filepath.Join(dir, "queue/rotational")) == "1"
 	d.Removable = readTrim(filepath.Join(dir, "removable")) == "1"
@@ -174,6 +175,20 @@ func NICs(root string) ([]agentapi.NIC, error) {
 	}
 	sort.Slice(nics, func(i, j int) bool { return nics[i].Name < nics[j].Name })
 	return nics, nil
+}
+
+// vpdSerial reads a SCSI Unit Serial Number VPD page (80h, SPC-5 §7.7.18): a 4-byte header
+// (byte 3 = page length) followed by the ASCII serial number.
+func vpdSerial(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 4 || b[1] != 0x80 {
+		return ""
+	}
+	n := int(b[3])
+	if 4+n > len(b) {
+		n = len(b) - 4
+	}
+	return strings.TrimSpace(strings.Trim(string(b[4:4+n]), "\x00"))
 }
 
 func readTrim(path string) string {

@@ -33,6 +33,11 @@ func TestCollectSynthetic(t *testing.T) {
 	write(t, r, "sys/block/sda/device/model", "HDD")
 	write(t, r, "sys/block/sda/device/wwid", "naa.5000c500a1b2c3d4")
 	write(t, r, "sys/block/sda/queue/rotational", "1")
+	write(t, r, "sys/block/sdb/size", "100")
+	write(t, r, "sys/block/sdb/device/model", "QEMU HARDDISK")
+	if err := os.WriteFile(filepath.Join(r, "sys/block/sdb/device/vpd_pg80"), append([]byte{0, 0x80, 0, 8}, "SATA0001"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	write(t, r, "sys/block/loop0/size", "100")
 	write(t, r, "sys/block/sr0/size", "100")
 	write(t, r, "sys/class/net/eth0/type", "1")
@@ -51,10 +56,13 @@ func TestCollectSynthetic(t *testing.T) {
 	if inv.CPUs != 5 || inv.MemoryBytes != 2048*1024 {
 		t.Errorf("cpus %d mem %d", inv.CPUs, inv.MemoryBytes)
 	}
-	if len(inv.Disks) != 2 || inv.Disks[0].Name != "sda" || inv.Disks[1].Name != "vda" {
+	if len(inv.Disks) != 3 || inv.Disks[0].Name != "sda" || inv.Disks[2].Name != "vda" {
 		t.Fatalf("disks: %+v", inv.Disks)
 	}
-	sda, vda := inv.Disks[0], inv.Disks[1]
+	sda, vda := inv.Disks[0], inv.Disks[2]
+	if inv.Disks[1].Serial != "SATA0001" {
+		t.Errorf("sdb serial from VPD 80h: %q", inv.Disks[1].Serial)
+	}
 	if !sda.Rotational || sda.WWN != "naa.5000c500a1b2c3d4" || sda.SizeBytes != 4194304*512 || sda.Model != "HDD" {
 		t.Errorf("sda: %+v", sda)
 	}

@@ -405,11 +405,17 @@ type watcher struct {
 
 func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) error {
 	for {
-		var el api.EventList
-		if err := w.k.cliJSON(ctx, &el, "events", "--after", strconv.FormatUint(w.after, 10)); err != nil {
+		out, err := w.k.cli(ctx, "events", "--after", strconv.FormatUint(w.after, 10), "-o", "json")
+		if err != nil {
 			return err
 		}
-		for _, e := range el.Events {
+		// One JSON event per line.
+		dec := json.NewDecoder(bytes.NewReader(out))
+		for dec.More() {
+			var e store.Event
+			if err := dec.Decode(&e); err != nil {
+				return fmt.Errorf("kiln events: %w", err)
+			}
 			if e.Index > w.after {
 				w.after = e.Index
 			}

@@ -1,0 +1,31 @@
+// Package store is Kiln's replicated state: one hashicorp/raft group per
+// site, a raft log and stable store in bbolt (raft-boltdb/v2, file
+// raft.db), and an FSM whose state lives in its own bbolt file (fsm.db).
+//
+// It owns the records of types.go (Site, Rack, Machine, BMC, Image, Job,
+// Lease, secrets) and the event log (the audit trail and the feed central
+// pulls by cursor). It imports nothing of Kiln's.
+//
+// Writes are typed, numbered raft commands (CommandType, 1 byte + JSON
+// body). The leader fixes time and IDs before a command is logged, so the
+// apply function is deterministic; a follower forwards writes to the
+// leader over a small HTTP RPC (Config.ForwardAddr). Every record carries
+// Meta.ResourceVersion (the raft index of its last write) for
+// compare-and-set; every change appends an Event keyed by (raft index,
+// seq). Machine lifecycle transitions are checked by the FSM against
+// CanTransition.
+//
+// Reads come from the local replica; Barrier makes a following read
+// current (linearizable with respect to writes acknowledged before it).
+//
+// Errors: ErrNotFound, ErrConflict, ErrInvalid, ErrDuplicateMAC,
+// *IllegalTransitionError, ErrNotLeader (*NotLeaderError), ErrTimeout,
+// ErrCorrupt (names the file), ErrUnknownCommand, ErrBadCommand, ErrClosed.
+//
+// Metrics (kiln_store_*): raft_state, last_index, commit_index,
+// applied_index, last_event_index, commit_seconds, commands_total{type},
+// apply_errors_total{code}, forwarded_total{result}.
+//
+// See DESIGN.md in this directory for the command encoding, determinism,
+// snapshot/restore, start-up rebuild and forwarding.
+package store
