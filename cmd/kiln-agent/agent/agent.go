@@ -232,7 +232,7 @@ func (a *Agent) report(ctx context.Context, r agentapi.Report) error {
 type progress struct {
 	a        *Agent
 	step     string
-	frac     atomic.Uint64 // math.Float64bits is overkill: store per-mille
+	frac     atomic.Uint64 // progress in per-mille (0..1000)
 	lastTen  atomic.Int64
 	stop     chan struct{}
 	done     chan struct{}

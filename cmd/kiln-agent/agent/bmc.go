@@ -66,7 +66,7 @@ func BMCAddress(dev string, timeout time.Duration) (string, error) {
 	defer f.Close()
 	last := fmt.Errorf("no LAN channel with an IPv4 address")
 	for ch := byte(1); ch <= 11; ch++ {
-		resp, err := ipmiCall(f, 0x0C, 0x02, []byte{ch, 3, 0, 0}, timeout)
+		resp, err := ipmiCall(f, int64(ch), 0x0C, 0x02, []byte{ch, 3, 0, 0}, timeout)
 		if err != nil {
 			last = fmt.Errorf("channel %d: %w", ch, err)
 			if ch == 1 {
@@ -96,12 +96,10 @@ func parseLANIPResponse(b []byte) string {
 	return ip.String()
 }
 
-var ipmiMsgID int64
-
-func ipmiCall(f *os.File, netfn, cmd byte, data []byte, timeout time.Duration) ([]byte, error) {
+// ipmiCall sends one request with message id msgid and waits for its answer.
+func ipmiCall(f *os.File, msgid int64, netfn, cmd byte, data []byte, timeout time.Duration) ([]byte, error) {
 	addr := ipmiSysAddr{addrType: ipmiSystemInterfaceAddrType, channel: ipmiBMCChannel}
-	ipmiMsgID++
-	req := ipmiReq{addr: uintptr(unsafe.Pointer(&addr)), addrLen: uint32(unsafe.Sizeof(addr)), msgid: ipmiMsgID,
+	req := ipmiReq{addr: uintptr(unsafe.Pointer(&addr)), addrLen: uint32(unsafe.Sizeof(addr)), msgid: msgid,
 		msg: ipmiMsg{netfn: netfn, cmd: cmd, dataLen: uint16(len(data)), data: uintptr(unsafe.Pointer(&data[0]))}}
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), ipmictlSendCommand, uintptr(unsafe.Pointer(&req))); e != 0 {
 		return nil, e
@@ -126,7 +124,7 @@ func ipmiCall(f *os.File, netfn, cmd byte, data []byte, timeout time.Duration) (
 		if e != 0 && e != unix.EMSGSIZE {
 			return nil, e
 		}
-		if rcv.msgid != ipmiMsgID {
+		if rcv.msgid != msgid {
 			continue // a stale answer to an earlier request
 		}
 		return buf[:rcv.msg.dataLen], nil

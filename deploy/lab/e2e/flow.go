@@ -574,7 +574,7 @@ func startBMC(ctx context.Context, o Options, lab *labnet.Lab, disk string) (add
 		for i := 0; i < 50; i++ {
 			probe := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Srv, "curl", "-ksf", "-o", "/dev/null", "https://"+listen+"/redfish/v1/")
 			if probe.Run() == nil {
-				return "https://" + listen, "redfish", stateDir, nil
+				return listen, "redfish", stateDir, nil
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
