@@ -23,9 +23,9 @@ build: ## Build bin/kiln (appliance + CLI) and bin/kiln-agent (static)
 -include deploy/env/env.mk
 
 unit: ## Unit, protocol (netns) and VM component tests, with -race
-	$(GOTEST) -timeout $(TEST_TIMEOUT) ./...
+	KILN_ENV_DIR=$(abspath build/env) $(GOTEST) -timeout $(TEST_TIMEOUT) ./...
 
-test: lint unit e2e ## Everything CI runs: lint, all tests, the end-to-end VM runs
+test: lint build env unit e2e ## Everything CI runs: lint, all tests (the env first, for VM tests), the end-to-end VM runs
 
 e2e: build env ## End to end: real VMs PXE-boot from Kiln to provisioned (BIOS and UEFI)
 	KILN_E2E=1 $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2E' ./deploy/lab/e2e/ 2>&1 | tee e2e.log | grep -E '^(e2e:|--- |=== RUN|ok|FAIL|PASS)'

@@ -132,6 +132,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		DefaultStepTimeout: cfg.Lifecycle.StepTimeout,
 		BootTimeout:        cfg.Lifecycle.BootTimeout,
 		MinReadMBps:        cfg.Lifecycle.MinReadMBps,
+		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
 		Sealer:             sealerAdapter{sealer},
 		Catalog:            catalogAdapter{catalog},
 	}, st, &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}, reg)

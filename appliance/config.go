@@ -139,6 +139,9 @@ type LifecycleConfig struct {
 	BootTimeout time.Duration `yaml:"boot_timeout"`
 	// MinReadMBps is the check step's sequential-read floor (MB/s); 0 = none.
 	MinReadMBps float64 `yaml:"min_read_mbps"`
+	// AgentPollAfter is how often an idle in-RAM agent asks for its next task
+	// (fast-track: a claim starts within this time). 0 = the lifecycle default.
+	AgentPollAfter time.Duration `yaml:"agent_poll_after"`
 }
 
 // DefaultConfig is the embedded default: a single self-bootstrapping node.

@@ -9,7 +9,7 @@ pkgs=(
   qemu-system-x86 qemu-utils ipxe-qemu ovmf seabios openipmi ipmitool
   # real protocol clients and tools
   isc-dhcp-client udhcpc iproute2 tcpdump curl atftp tftp-hpa dnsmasq
-  busybox-static bc openssl python3
+  busybox-static bc openssl python3 radvd
   # disks and images (agent tests, env build)
   e2fsprogs dosfstools mtools fdisk gdisk util-linux zstd gzip cpio xz-utils
   # peers measured in benchmarks and perfdhcp used by DHCP tests

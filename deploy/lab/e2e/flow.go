@@ -119,6 +119,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	say("kiln: serving DHCP/TFTP/HTTP on %s (log %s)", labnet.ServerIf, k.logPath)
+	if err := startRadvd(o, lab); err != nil {
+		return nil, err
+	}
 
 	bmcAddr, driver, stateDir, err := startBMC(ctx, o, lab, disk)
 	if err != nil {
@@ -232,7 +235,7 @@ func preflight(o Options) error {
 	if os.Geteuid() != 0 {
 		return labnet.ErrNotRoot
 	}
-	need := []string{"ip", "qemu-system-x86_64", "mkfs.ext4", "sfdisk", "mcopy"}
+	need := []string{"ip", "qemu-system-x86_64", "mkfs.ext4", "sfdisk", "mcopy", "radvd"}
 	if o.BMC == "ipmi" {
 		need = append(need, "ipmi_sim", "ipmitool")
 	}
@@ -337,6 +340,7 @@ bmc:
   ipmi_ignore_valid_bit: true
 lifecycle:
   step_timeout: 10m
+  agent_poll_after: 1s
 `, data, labnet.ServerIf, labnet.ServerIP, labnet.ServerIP, filepath.Join(o.Root, "build/env"), filepath.Join(o.Work, "images"))
 	cfgPath := filepath.Join(o.Work, "kiln.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
@@ -405,11 +409,22 @@ type watcher struct {
 
 func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) error {
 	for {
+		if w.powerOn.IsZero() {
+			// Power-on as the VM sees it: the BMC started qemu with a serial log.
+			if logs, _ := filepath.Glob(filepath.Join(w.stateDir, "serial*.log")); len(logs) > 0 {
+				w.powerOn = time.Now()
+				w.say("  power: the BMC started the VM")
+			}
+		}
+		// The machine first, then the events: every event up to its state is printed.
+		var m store.Machine
+		if err := w.k.cliJSON(ctx, &m, "machines", "get", w.id); err != nil {
+			return err
+		}
 		out, err := w.k.cli(ctx, "events", "--after", strconv.FormatUint(w.after, 10), "-o", "json")
 		if err != nil {
 			return err
 		}
-		// One JSON event per line.
 		dec := json.NewDecoder(bytes.NewReader(out))
 		for dec.More() {
 			var e store.Event
@@ -419,21 +434,10 @@ func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) erro
 			if e.Index > w.after {
 				w.after = e.Index
 			}
-			w.print(e)
-		}
-		if w.powerOn.IsZero() {
-			// Power-on as the VM sees it: the BMC started qemu with a serial log.
-			if logs, _ := filepath.Glob(filepath.Join(w.stateDir, "serial*.log")); len(logs) > 0 {
-				w.powerOn = time.Now()
-				w.say("  power: the BMC started the VM")
+			if e.Kind == "transition" && e.Subject == "machine/"+w.id {
+				w.lastChange = e.Time // the leader's clock, on this host
 			}
-		}
-		var m store.Machine
-		if err := w.k.cliJSON(ctx, &m, "machines", "get", w.id); err != nil {
-			return err
-		}
-		if m.State != w.last.State {
-			w.lastChange = time.Now()
+			w.print(e)
 		}
 		w.last = m
 		if done(m) {
@@ -581,6 +585,40 @@ func startBMC(ctx context.Context, o Options, lab *labnet.Lab, disk string) (add
 		return "", "", "", fmt.Errorf("vbmc did not answer on %s (see %s)", listen, filepath.Join(stateDir, "vbmc.log"))
 	}
 	return "", "", "", fmt.Errorf("unknown BMC kind %q (ipmi or redfish)", o.BMC)
+}
+
+// startRadvd answers IPv6 router solicitations on the provisioning network,
+// as a site's routers do. Without any router advertisement iPXE waits ~12 s
+// for IPv6 autoconfiguration on every boot (../shared/LAB.md). The RA carries
+// no default route and only a lab-local ULA prefix.
+func startRadvd(o Options, lab *labnet.Lab) error {
+	conf := filepath.Join(o.Work, "radvd.conf")
+	body := "interface " + labnet.ServerIf + ` {
+  AdvSendAdvert on;
+  MinRtrAdvInterval 3;
+  MaxRtrAdvInterval 10;
+  AdvDefaultLifetime 0;
+  prefix fd99:0:0:99::/64 { AdvOnLink on; AdvAutonomous on; };
+};
+`
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		return err
+	}
+	if out, err := exec.Command("ip", "netns", "exec", lab.Srv, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1").CombinedOutput(); err != nil {
+		return fmt.Errorf("sysctl in %s: %v: %s", lab.Srv, err, out)
+	}
+	logf, err := os.Create(filepath.Join(o.Work, "radvd.log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("ip", "netns", "exec", lab.Srv, "radvd", "-n", "-C", conf, "-p", filepath.Join(o.Work, "radvd.pid"), "-m", "stderr")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("radvd: %w", err)
+	}
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	return nil
 }
 
 // stopVM powers the machine off (SIGKILL of qemu through the namespace
