@@ -9,6 +9,7 @@ GOTEST    := $(GO) test -race -count=1
 # Timeouts: unit and protocol tests are quick; VM tests run under TCG.
 TEST_TIMEOUT ?= 30m
 E2E_TIMEOUT  ?= 20m
+FW           ?= bios
 
 .PHONY: help build test unit e2e bench lint depcheck ci env demo demo-down deps clean
 
@@ -46,7 +47,7 @@ ci: ## What CI runs: install dependencies, then the README's test command
 	.ci/run
 
 demo: deps build env ## The README's first command: a VM PXE-boots from Kiln to provisioned
-	$(GO) run ./deploy/lab/demo
+	$(GO) run ./deploy/lab/demo -firmware $(FW)
 
 demo-down: ## Tear down the lab the demo left running
 	-for ns in kln-srv kln-lan; do ip netns pids $$ns 2>/dev/null | xargs -r kill -9; ip netns del $$ns 2>/dev/null; done; true

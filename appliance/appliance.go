@@ -133,6 +133,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		BootTimeout:        cfg.Lifecycle.BootTimeout,
 		MinReadMBps:        cfg.Lifecycle.MinReadMBps,
 		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
+		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
 		Sealer:             sealerAdapter{sealer},
 		Catalog:            catalogAdapter{catalog},
 	}, st, &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}, reg)

@@ -142,6 +142,10 @@ type LifecycleConfig struct {
 	// AgentPollAfter is how often an idle in-RAM agent asks for its next task
 	// (fast-track: a claim starts within this time). 0 = the lifecycle default.
 	AgentPollAfter time.Duration `yaml:"agent_poll_after"`
+	// RebootTimeout: a built machine not seen netbooting within this time
+	// (it boots its disk first) is recorded provisioned with reason
+	// reboot_unobserved. 0 = the lifecycle default (3 minutes).
+	RebootTimeout time.Duration `yaml:"reboot_timeout"`
 }
 
 // DefaultConfig is the embedded default: a single self-bootstrapping node.

@@ -273,10 +273,14 @@ func validReport(rep agentapi.Report) error {
 // AgentReport records one step report (POST /v1/agent/report): a "step"
 // event (message sanitised, truncated to agentapi.MaxMessageLen bytes),
 // Machine.Step with the step's deadline, and the resulting transition:
-// failed → machine failed (reason = the report's reason); finalize or reboot
-// succeeded while provisioning → provisioned (build_complete); erase
-// succeeded while erasing → available (erase_complete). Errors:
-// ErrMachineMismatch, ErrBadReport, store.ErrNotFound, store errors.
+// failed → machine failed (reason = the report's reason); erase succeeded
+// while erasing → available (erase_complete). Finalize (or reboot)
+// succeeded while provisioning moves nothing: the machine stays
+// provisioning with Reason build_complete (the durable "build complete"
+// marker) and Step.Deadline = now + RebootTimeout; later reports (the
+// agent's reboot step) are recorded and keep that deadline. BootFor or the
+// loop then makes it provisioned. Errors: ErrMachineMismatch, ErrBadReport,
+// store.ErrNotFound, store errors.
 func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agentapi.Report) error {
 	if rep.MachineID != "" && rep.MachineID != machineID {
 		return fmt.Errorf("%w: token for %s, report for %s", ErrMachineMismatch, machineID, rep.MachineID)
@@ -306,6 +310,7 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 	c.observeStep(machineID, rep, now)
 	_, err := c.update(ctx, machineID, store.W{Actor: ActorController}, func(m *store.Machine) error {
 		prev := m.Step
+		done := buildComplete(*m)
 		st := &store.StepStatus{Step: rep.Step, State: string(rep.State), Reason: string(rep.Reason),
 			Message: msg, Progress: rep.Progress, At: now}
 		switch rep.State {
@@ -324,6 +329,11 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 				}
 			}
 		}
+		if done {
+			// The build is complete: the only clock that runs is the wait
+			// for the disk boot (RebootTimeout from the build's completion).
+			st.Deadline = rebootDeadline(prev, now, c.cfg.RebootTimeout)
+		}
 		m.Step = st
 		switch {
 		case rep.State == agentapi.StateFailed && stepBelongs(m.State, rep.Step):
@@ -333,11 +343,13 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 				m.Reason = string(agentapi.ReasonInternal)
 			}
 			m.Message = rep.Step + ": " + msg
-		case rep.State == agentapi.StateSucceeded && m.State == store.StateProvisioning &&
+		case rep.State == agentapi.StateSucceeded && m.State == store.StateProvisioning && !done &&
 			(rep.Step == agentapi.StepFinalize || rep.Step == agentapi.StepReboot):
-			m.State = store.StateProvisioned
-			m.Reason, m.Message = ReasonBuildComplete, ""
-			m.Step.Deadline = time.Time{}
+			// The disk is written, verified and staged, but the machine has
+			// not booted it yet: it stays provisioning until its next netboot
+			// (BootFor → local disk) or RebootTimeout.
+			m.Reason, m.Message = ReasonBuildComplete, msgRebooting
+			m.Step.Deadline = now.Add(c.cfg.RebootTimeout)
 		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase:
 			m.State = store.StateAvailable
 			m.Reason, m.Message = ReasonEraseComplete, ""
@@ -387,4 +399,24 @@ func (c *Controller) observeStep(id string, rep agentapi.Report, now time.Time) 
 			c.m.steps.WithLabelValues(rep.Step, string(rep.State)).Observe(now.Sub(t).Seconds())
 		}
 	}
+}
+
+// msgRebooting is Machine.Message while a built machine reboots to its disk.
+const msgRebooting = "build complete; rebooting to disk"
+
+// buildComplete reports whether m is provisioning and its build completed
+// (finalize succeeded): it must boot its local disk from now on. The marker
+// is Reason build_complete, which only AgentReport sets while provisioning
+// and every transition replaces.
+func buildComplete(m store.Machine) bool {
+	return m.State == store.StateProvisioning && m.Reason == ReasonBuildComplete
+}
+
+// rebootDeadline is the disk-boot deadline a built machine keeps: prev's
+// deadline (set when the build completed), or now + d when it has none.
+func rebootDeadline(prev *store.StepStatus, now time.Time, d time.Duration) time.Time {
+	if prev != nil && !prev.Deadline.IsZero() {
+		return prev.Deadline
+	}
+	return now.Add(d)
 }

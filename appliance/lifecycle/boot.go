@@ -11,6 +11,7 @@ import (
 	"net"
 	"regexp"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -39,10 +40,14 @@ var netbootStates = []store.MachineState{store.StateRegistered, store.StateDisco
 
 // BootFor decides what the machine whose NIC has mac boots (DESIGN.md "Boot
 // flow", step 4): the agent with a new per-boot token for machines in
-// registered, discovered, inspecting, available, provisioning or erasing
-// with netboot allowed; the local disk for provisioned, failed,
-// quarantined, retired or netboot=false; for an unknown MAC, a new
-// discovered record (UnknownMachines=discover) or the local disk (exit).
+// registered, discovered, inspecting, available, provisioning (build not
+// yet complete) or erasing with netboot allowed; the local disk for
+// provisioned, failed, quarantined, retired or netboot=false; for an
+// unknown MAC, a new discovered record (UnknownMachines=discover) or the
+// local disk (exit). A provisioning machine whose build completed
+// (finalize succeeded; this is its post-build reboot) gets the local disk
+// and becomes provisioned (reason booted_local_disk, actor controller);
+// it is never handed the agent again.
 // Errors: ErrInvalid for a malformed MAC; store errors (the token write
 // needs the leader reachable).
 func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
@@ -61,6 +66,9 @@ func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
 	if err != nil {
 		return Boot{}, fmt.Errorf("lifecycle: boot %s: %w", mac, err)
 	}
+	if buildComplete(m) {
+		return c.bootedLocal(ctx, m.ID), nil
+	}
 	if !hasState(netbootStates, m.State) || (m.Netboot != nil && !*m.Netboot) {
 		return Boot{Action: BootLocal, MachineID: m.ID}, nil
 	}
@@ -70,12 +78,18 @@ func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
 	}
 	hash := tokenHash(tok)
 	_, err = c.update(ctx, m.ID, store.W{Actor: ActorController, Reason: "boot_token"}, func(cur *store.Machine) error {
+		if buildComplete(*cur) {
+			return errBuilt
+		}
 		if !hasState(netbootStates, cur.State) || (cur.Netboot != nil && !*cur.Netboot) {
 			return errLocalBoot
 		}
 		cur.BootTokenHash = hash
 		return nil
 	})
+	if errors.Is(err, errBuilt) {
+		return c.bootedLocal(ctx, m.ID), nil
+	}
 	if errors.Is(err, errLocalBoot) {
 		return Boot{Action: BootLocal, MachineID: m.ID}, nil
 	}
@@ -85,7 +99,34 @@ func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
 	return Boot{Action: BootAgent, MachineID: m.ID, Token: tok}, nil
 }
 
-var errLocalBoot = errors.New("local boot")
+var (
+	errLocalBoot = errors.New("local boot")
+	errBuilt     = errors.New("build complete")
+)
+
+// bootedLocal answers the netboot of a machine whose build completed: exit
+// to the local disk, and the machine is provisioned (reason
+// booted_local_disk). A failed write is logged, not returned: the machine
+// must boot its disk either way, and the loop's RebootTimeout check
+// (reboot_unobserved) still moves it to provisioned.
+func (c *Controller) bootedLocal(ctx context.Context, id string) Boot {
+	_, err := c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonBootedLocalDisk}, func(m *store.Machine) error {
+		if !buildComplete(*m) {
+			return errNoChange // already moved (another node's BootFor, or the loop)
+		}
+		m.State = store.StateProvisioned
+		m.Reason = ReasonBootedLocalDisk
+		m.Message = "netbooted after the build; told to boot its local disk"
+		if m.Step != nil {
+			m.Step.Deadline = time.Time{}
+		}
+		return nil
+	})
+	if err != nil {
+		c.logger().Warn("built machine netbooted; could not record provisioned", "machine", id, "err", err)
+	}
+	return Boot{Action: BootLocal, MachineID: id}
+}
 
 // discover records an unknown MAC as a discovered machine (its MAC in
 // Intended.NICs so the boot path finds it again) and boots the agent.

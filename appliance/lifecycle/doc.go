@@ -14,9 +14,22 @@
 //	inspecting ─(diff has no blocking field)─▶ available
 //	inspecting ─(blocking mismatch)─▶ quarantined
 //	available ─(claim + agent asks for a task)─▶ provisioning
-//	provisioning ─(finalize or reboot succeeded)─▶ provisioned      reason build_complete
+//	provisioning ─(finalize succeeded)─▶ provisioning                reason build_complete, "build complete; rebooting to disk"
+//	provisioning+build_complete ─(its next netboot: BootFor → exit to disk)─▶ provisioned   reason booted_local_disk
+//	provisioning+build_complete ─(no netboot within RebootTimeout)─▶ provisioned            reason reboot_unobserved
 //	provisioning|inspecting|erasing ─(step failed / deadline passed)─▶ failed   reason = step reason | timeout
 //	provisioned ─(Release)─▶ erasing ─(erase succeeded)─▶ available
+//
+// A provisioning machine whose Reason is build_complete has its image
+// written, verified, staged and finalized; the agent then reboots it
+// (DESIGN.md "The gated build", step 6). It stays provisioning until it is
+// seen booting its disk: the post-reboot iPXE fetch of /ipxe/{mac} reaches
+// BootFor, which answers "exit to the local disk" (never the agent again)
+// and records provisioned. Machines that boot their disk first never
+// netboot, so the loop moves them after RebootTimeout (default 3 min from
+// the build's completion, Step.Deadline) instead of failing them. The
+// agent's reboot report is recorded and keeps that deadline; a failed
+// build step (reboot included) still fails the machine.
 //
 // Every transition is written with store.W{Actor, Reason}; the store appends
 // the "transition" event. Agent step reports become "step" events and BMC

@@ -30,7 +30,9 @@ const (
 	ReasonHardwareMismatch    = "hardware_mismatch"
 	ReasonAgentRegistered     = "agent_registered"
 	ReasonBuildStarted        = "build_started"
-	ReasonBuildComplete       = "build_complete"
+	ReasonBuildComplete       = "build_complete"    // finalize succeeded; still provisioning until the disk boots
+	ReasonBootedLocalDisk     = "booted_local_disk" // the post-build netboot was told to exit to the disk
+	ReasonRebootUnobserved    = "reboot_unobserved" // no netboot within RebootTimeout after the build completed
 	ReasonReleased            = "released"
 	ReasonEraseRequested      = "erase_requested"
 	ReasonEraseComplete       = "erase_complete"
@@ -286,7 +288,8 @@ func (c *Controller) powerDone(id string, state store.MachineState) func(ctx con
 var deadlineStates = []store.MachineState{store.StateInspecting, store.StateProvisioning, store.StateErasing}
 
 // checkDeadlines fails machines whose current step is past its deadline
-// (reason timeout).
+// (reason timeout), and moves built machines not seen netbooting within
+// RebootTimeout to provisioned (reason reboot_unobserved).
 func (c *Controller) checkDeadlines(ctx context.Context) error {
 	now := c.now()
 	var errs []error
@@ -297,20 +300,45 @@ func (c *Controller) checkDeadlines(ctx context.Context) error {
 			continue
 		}
 		for _, m := range ms {
-			if !pastDeadline(m, now) {
-				continue
-			}
-			if _, err := c.failTimeout(ctx, m.ID, now); err != nil {
-				errs = append(errs, err)
+			switch {
+			case rebootUnobserved(m, now):
+				if _, err := c.finishUnobserved(ctx, m.ID, now); err != nil {
+					errs = append(errs, err)
+				}
+			case pastDeadline(m, now):
+				if _, err := c.failTimeout(ctx, m.ID, now); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// pastDeadline: m's current step passed its deadline and fails m. A built
+// machine (buildComplete) never fails on time; see rebootUnobserved.
 func pastDeadline(m store.Machine, now time.Time) bool {
-	return hasState(deadlineStates, m.State) && m.Step != nil && !m.Step.Deadline.IsZero() &&
+	return hasState(deadlineStates, m.State) && !buildComplete(m) && m.Step != nil && !m.Step.Deadline.IsZero() &&
 		now.After(m.Step.Deadline) && m.Step.State != string(JobFailed)
+}
+
+// rebootUnobserved: m's build completed and RebootTimeout (its Step.Deadline)
+// passed without a netboot: it booted its disk without asking us first.
+func rebootUnobserved(m store.Machine, now time.Time) bool {
+	return buildComplete(m) && m.Step != nil && !m.Step.Deadline.IsZero() && now.After(m.Step.Deadline)
+}
+
+func (c *Controller) finishUnobserved(ctx context.Context, id string, now time.Time) (store.Machine, error) {
+	return c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonRebootUnobserved}, func(m *store.Machine) error {
+		if !rebootUnobserved(*m, now) { // re-checked on the current record
+			return errNoChange
+		}
+		m.State = store.StateProvisioned
+		m.Reason = ReasonRebootUnobserved
+		m.Message = fmt.Sprintf("no netboot seen within %s of the build's completion; assumed booted from disk", c.cfg.RebootTimeout)
+		m.Step.Deadline = time.Time{}
+		return nil
+	})
 }
 
 func (c *Controller) failTimeout(ctx context.Context, id string, now time.Time) (store.Machine, error) {

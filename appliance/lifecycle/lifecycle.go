@@ -173,6 +173,7 @@ const (
 	DefaultBMCMaxBackoff   = 10 * time.Minute
 	DefaultBootTimeout     = 15 * time.Minute // power action / claim → agent's first report
 	DefaultStepTimeout     = 30 * time.Minute // a step without its own entry in StepDeadlines
+	DefaultRebootTimeout   = 3 * time.Minute  // build complete → the machine's next netboot
 	DefaultAgentPollAfter  = 5 * time.Second
 	DefaultAgentHeartbeat  = 30 * time.Second
 	DefaultMemoryTolerance = 0.05 // discovered memory may be this fraction below intended
@@ -205,6 +206,12 @@ type Config struct {
 	DefaultStepTimeout time.Duration
 	// BootTimeout bounds the wait from a power action or build start to the agent's first report.
 	BootTimeout time.Duration
+	// RebootTimeout bounds the wait from the build's completion (finalize
+	// succeeded) to the machine's next netboot, which BootFor answers with
+	// the local disk and records as provisioned (booted_local_disk). A
+	// machine not seen netbooting by then (it boots its disk first) is
+	// moved to provisioned with reason reboot_unobserved by the loop.
+	RebootTimeout time.Duration
 	// Interval is the loop period: deadline checks, auto-inspection, gauges.
 	Interval time.Duration
 	// Workers bounds concurrent BMC job sequences.
@@ -261,6 +268,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%w: StepDeadlines[%s] must be > 0", ErrConfig, s)
 		}
 	}
+	if c.RebootTimeout < 0 {
+		return fmt.Errorf("%w: RebootTimeout %v must be > 0", ErrConfig, c.RebootTimeout)
+	}
 	if c.MemoryTolerance < 0 || c.MemoryTolerance >= 1 {
 		return fmt.Errorf("%w: MemoryTolerance %v: want 0 <= x < 1", ErrConfig, c.MemoryTolerance)
 	}
@@ -292,6 +302,7 @@ func (c *Config) applyDefaults() {
 	}
 	setDur(&c.DefaultStepTimeout, DefaultStepTimeout)
 	setDur(&c.BootTimeout, DefaultBootTimeout)
+	setDur(&c.RebootTimeout, DefaultRebootTimeout)
 	setDur(&c.Interval, DefaultInterval)
 	setDur(&c.BMCTimeout, DefaultBMCTimeout)
 	setDur(&c.BMCBackoff, DefaultBMCBackoff)

@@ -189,8 +189,9 @@ func must(t testing.TB, err error) {
 
 // TestFastTrackFlow runs a machine with a BMC through the whole lifecycle:
 // import → BMC jobs → inspecting → agent registers → available → claim →
-// provisioning → step reports → provisioned → local boot → release →
-// erasing → erase → available.
+// provisioning → step reports (finalize: build complete, still
+// provisioning) → reboot report → netboot answered with the local disk →
+// provisioned (booted_local_disk) → release → erasing → erase → available.
 func TestFastTrackFlow(t *testing.T) {
 	f := newFakeStore()
 	h := newHarness(t, f, nil)
@@ -273,18 +274,51 @@ func TestFastTrackFlow(t *testing.T) {
 			h.clk.Advance(time.Second)
 			must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{MachineID: a.ID, Step: step, State: s, Progress: 0.5, Message: "ok"}))
 		}
-		if step != agentapi.StepFinalize {
-			h.mustState(a.ID, store.StateProvisioning)
-		}
+		h.mustState(a.ID, store.StateProvisioning) // finalize succeeded too: not booted from disk yet
 	}
-	m = h.mustState(a.ID, store.StateProvisioned)
-	if m.Reason != ReasonBuildComplete {
-		t.Fatalf("reason %q", m.Reason)
+	m = h.get(a.ID)
+	if m.Reason != ReasonBuildComplete || m.Message != msgRebooting || m.Step == nil || m.Step.Step != agentapi.StepFinalize ||
+		!m.Step.Deadline.Equal(h.clk.Now().Add(DefaultRebootTimeout)) {
+		t.Fatalf("build complete: reason %q message %q step %+v", m.Reason, m.Message, m.Step)
 	}
 	if n := h.series("kiln_lifecycle_step_seconds"); n != 5 {
 		t.Fatalf("step histogram series %d", n)
 	}
+	// The agent reports its reboot; recorded as a step, nothing moves, the
+	// deadline stays RebootTimeout from the build's completion.
+	buildDone := h.clk.Now()
+	h.clk.Advance(time.Second)
+	must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{MachineID: a.ID, Step: agentapi.StepReboot, State: agentapi.StateStarted}))
+	m = h.mustState(a.ID, store.StateProvisioning)
+	if m.Step.Step != agentapi.StepReboot || m.Step.State != string(agentapi.StateStarted) || m.Reason != ReasonBuildComplete ||
+		!m.Step.Deadline.Equal(buildDone.Add(DefaultRebootTimeout)) {
+		t.Fatalf("reboot report: reason %q step %+v", m.Reason, m.Step)
+	}
+	if task, err := h.c.AgentTask(bg, a.ID); err != nil || task.Action != agentapi.ActionWait {
+		t.Fatalf("task after build %+v %v", task, err)
+	}
+	// The post-reboot iPXE fetch: exit to disk, and now provisioned.
+	evBefore := len(f.allEvents())
 	boot, err = h.c.BootFor(bg, "52:54:00:00:01:0a")
+	must(t, err)
+	if boot.Action != BootLocal || boot.Token != "" || boot.MachineID != a.ID {
+		t.Fatalf("post-build boot %+v", boot)
+	}
+	m = h.mustState(a.ID, store.StateProvisioned)
+	if m.Reason != ReasonBootedLocalDisk || !m.Step.Deadline.IsZero() {
+		t.Fatalf("booted local: reason %q step %+v", m.Reason, m.Step)
+	}
+	var trans []store.Event
+	for _, ev := range f.allEvents()[evBefore:] {
+		if ev.Kind == "transition" {
+			trans = append(trans, ev)
+		}
+	}
+	if len(trans) != 1 || trans[0].From != "provisioning" || trans[0].To != "provisioned" ||
+		trans[0].Reason != ReasonBootedLocalDisk || trans[0].Actor != ActorController {
+		t.Fatalf("transition events %+v", trans)
+	}
+	boot, err = h.c.BootFor(bg, "52:54:00:00:00:0a")
 	must(t, err)
 	if boot.Action != BootLocal || boot.Token != "" {
 		t.Fatalf("provisioned boot %+v", boot)
@@ -790,6 +824,15 @@ func TestRealStoreFlow(t *testing.T) {
 		must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: step, State: agentapi.StateStarted}))
 		must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: step, State: agentapi.StateSucceeded}))
 	}
+	must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateStarted}))
+	if m := h.mustState(a.ID, store.StateProvisioning); m.Reason != ReasonBuildComplete {
+		t.Fatalf("after build: reason %q", m.Reason)
+	}
+	boot, err = h.c.BootFor(bg, "52:54:00:00:00:0a")
+	must(t, err)
+	if boot.Action != BootLocal || boot.Token != "" {
+		t.Fatalf("post-build boot %+v", boot)
+	}
 	h.mustState(a.ID, store.StateProvisioned)
 	evs, err := s.Events(0, 100000)
 	must(t, err)
@@ -797,13 +840,16 @@ func TestRealStoreFlow(t *testing.T) {
 	steps := 0
 	for _, e := range evs {
 		if e.Subject == "machine/"+a.ID && e.Kind == "transition" {
-			chain = append(chain, e.To)
+			chain = append(chain, e.To+"/"+e.Reason)
+			if e.Actor == "" {
+				t.Fatalf("transition without actor %+v", e)
+			}
 		}
 		if e.Subject == "machine/"+a.ID && e.Kind == "step" {
 			steps++
 		}
 	}
-	if got := strings.Join(chain, ">"); got != "inspecting>available>provisioning>provisioned" || steps != 10 {
+	if got := strings.Join(chain, ">"); got != "inspecting/inspection_started>available/inspection_passed>provisioning/build_started>provisioned/booted_local_disk" || steps != 11 {
 		t.Fatalf("transitions %s, %d step events", got, steps)
 	}
 	jobs, err := s.ListJobs(a.ID)
@@ -861,5 +907,156 @@ func TestGradualPowerOnAndShutdown(t *testing.T) {
 		if j.State != JobFailed && j.State != JobSucceeded {
 			t.Fatalf("job %s left %s after shutdown", j.ID, j.State)
 		}
+	}
+}
+
+// buildThrough claims machine a and reports check..finalize succeeded, one
+// second apart: a is then provisioning with its build complete.
+func buildThrough(t *testing.T, h *harness, a store.Machine) {
+	t.Helper()
+	img := h.image("img-" + a.ID + ".raw")
+	_, err := h.c.AgentRegister(bg, a.ID, agentapi.Registration{Inventory: inventory(a)})
+	must(t, err)
+	_, err = h.c.Provision(bg, a.ID, store.Claim{Image: img.ID}, store.W{Actor: "capi"})
+	must(t, err)
+	task, err := h.c.AgentTask(bg, a.ID)
+	must(t, err)
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("task %+v", task)
+	}
+	for _, step := range buildSteps[:5] {
+		h.clk.Advance(time.Second)
+		must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: step, State: agentapi.StateStarted}))
+		must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: step, State: agentapi.StateSucceeded}))
+	}
+	if m := h.mustState(a.ID, store.StateProvisioning); m.Reason != ReasonBuildComplete {
+		t.Fatalf("after finalize: reason %q", m.Reason)
+	}
+}
+
+// TestRebootUnobserved: a built machine that boots its disk without
+// netbooting first is moved to provisioned (reboot_unobserved, actor
+// controller) by the loop once RebootTimeout has passed since the build
+// completed — not failed, even when the reboot step's own deadline is
+// shorter — and a later netboot still gets the local disk.
+func TestRebootUnobserved(t *testing.T) {
+	f := newFakeStore()
+	h := newHarness(t, f, func(c *Config) {
+		c.RebootTimeout = 90 * time.Second
+		c.StepDeadlines = map[string]time.Duration{"reboot": 30 * time.Second}
+	})
+	ms := importPlan(t, h)
+	a, b := ms[0], ms[1]
+	buildThrough(t, h, a)
+	doneA := h.clk.Now()
+	buildThrough(t, h, b)
+	doneB := h.clk.Now() // doneA + 5 s
+	h.clk.Advance(10 * time.Second)
+	must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateStarted}))
+	must(t, h.c.AgentReport(bg, b.ID, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateSucceeded}))
+	for _, id := range []string{a.ID, b.ID} {
+		if m := h.mustState(id, store.StateProvisioning); m.Reason != ReasonBuildComplete || m.Step.Step != agentapi.StepReboot {
+			t.Fatalf("after reboot report: reason %q step %+v", m.Reason, m.Step)
+		}
+	}
+	to := func(t0 time.Time) { h.clk.Advance(t0.Sub(h.clk.Now())) }
+	// Past the reboot step's deadline (30 s) but inside RebootTimeout (90 s).
+	to(doneA.Add(89 * time.Second))
+	must(t, h.c.Tick(bg))
+	h.mustState(a.ID, store.StateProvisioning)
+	h.mustState(b.ID, store.StateProvisioning)
+	// RebootTimeout counts from each machine's own build completion.
+	to(doneA.Add(91 * time.Second))
+	must(t, h.c.Tick(bg))
+	h.mustState(a.ID, store.StateProvisioned)
+	h.mustState(b.ID, store.StateProvisioning)
+	to(doneB.Add(91 * time.Second))
+	must(t, h.c.Tick(bg))
+	for _, id := range []string{a.ID, b.ID} {
+		m := h.mustState(id, store.StateProvisioned)
+		if m.Reason != ReasonRebootUnobserved || !strings.Contains(m.Message, "1m30s") || !m.Step.Deadline.IsZero() {
+			t.Fatalf("unobserved: reason %q message %q step %+v", m.Reason, m.Message, m.Step)
+		}
+	}
+	var got []string
+	for _, ev := range f.allEvents() {
+		if ev.Kind == "transition" && ev.To == string(store.StateProvisioned) {
+			got = append(got, ev.From+">"+ev.To+" "+ev.Reason+" "+ev.Actor)
+		}
+	}
+	want := "provisioning>provisioned reboot_unobserved controller"
+	if len(got) != 2 || got[0] != want || got[1] != want {
+		t.Fatalf("transitions %v", got)
+	}
+	if v := h.metric("kiln_lifecycle_transitions_total", "from", "provisioning", "to", "provisioned"); v != 2 {
+		t.Fatalf("transitions metric %v", v)
+	}
+	// Far later the loop changes nothing; a netboot now is simply local.
+	h.clk.Advance(3 * time.Hour)
+	must(t, h.c.Tick(bg))
+	n := len(f.allEvents())
+	boot, err := h.c.BootFor(bg, "52:54:00:00:00:0a")
+	must(t, err)
+	if boot.Action != BootLocal || boot.Token != "" {
+		t.Fatalf("boot %+v", boot)
+	}
+	if m := h.mustState(a.ID, store.StateProvisioned); m.Reason != ReasonRebootUnobserved || len(f.allEvents()) != n {
+		t.Fatalf("late boot moved the record: %q, events %d→%d", m.Reason, n, len(f.allEvents()))
+	}
+}
+
+// TestBuiltMachineBootsLocal: once the build completed, every netboot of
+// the machine — even before the agent's reboot report, and with the loop
+// past every step deadline — exits to the local disk; the first one makes
+// it provisioned (booted_local_disk), so RebootTimeout never fires; a
+// failed reboot report before the netboot fails the machine as usual.
+func TestBuiltMachineBootsLocal(t *testing.T) {
+	f := newFakeStore()
+	h := newHarness(t, f, nil)
+	ms := importPlan(t, h)
+	a, b := ms[0], ms[1]
+	buildThrough(t, h, a)
+	tokBefore := h.get(a.ID).BootTokenHash
+	boot, err := h.c.BootFor(bg, "52:54:00:00:00:0A")
+	must(t, err)
+	if boot.Action != BootLocal || boot.Token != "" || boot.MachineID != a.ID {
+		t.Fatalf("boot %+v", boot)
+	}
+	m := h.mustState(a.ID, store.StateProvisioned)
+	if m.Reason != ReasonBootedLocalDisk || m.BootTokenHash != tokBefore {
+		t.Fatalf("booted: reason %q token hash changed %v", m.Reason, m.BootTokenHash != tokBefore)
+	}
+	// The late reboot report is recorded but moves nothing.
+	must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateStarted}))
+	h.clk.Advance(DefaultRebootTimeout + DefaultStepDeadlines()["reboot"] + time.Minute)
+	must(t, h.c.Tick(bg))
+	if m := h.mustState(a.ID, store.StateProvisioned); m.Reason != ReasonBootedLocalDisk {
+		t.Fatalf("after tick: reason %q", m.Reason)
+	}
+	n := 0
+	for _, ev := range f.allEvents() {
+		if ev.Kind == "transition" && ev.Subject == "machine/"+a.ID && ev.To == string(store.StateProvisioned) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d provisioned transitions", n)
+	}
+	// b: the reboot itself fails before any netboot → failed with the reason.
+	buildThrough(t, h, b)
+	must(t, h.c.AgentReport(bg, b.ID, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateFailed, Reason: agentapi.ReasonInternal}))
+	if m := h.mustState(b.ID, store.StateFailed); m.Reason != string(agentapi.ReasonInternal) {
+		t.Fatalf("reboot failed: reason %q", m.Reason)
+	}
+}
+
+func TestRebootTimeoutConfig(t *testing.T) {
+	c, err := New(Config{ImageBaseURL: "http://10.99.0.1"}, newFakeStore(), nil, nil)
+	must(t, err)
+	if c.cfg.RebootTimeout != DefaultRebootTimeout || DefaultRebootTimeout != 3*time.Minute {
+		t.Fatalf("default %v", c.cfg.RebootTimeout)
+	}
+	if _, err := New(Config{ImageBaseURL: "http://10.99.0.1", RebootTimeout: -time.Second}, newFakeStore(), nil, nil); !errors.Is(err, ErrConfig) {
+		t.Fatalf("negative RebootTimeout: %v", err)
 	}
 }

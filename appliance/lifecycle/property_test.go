@@ -66,7 +66,9 @@ func (c *Controller) drain(ctx context.Context) {
 // past deadlines. After every event it checks: no machine is in an invalid
 // state; the store never refused a write as illegal; every machine's
 // transition events form a legal chain from its creation to its current
-// state; exactly one step event exists per accepted report; the
+// state; exactly one step event exists per accepted report; a netboot of
+// a machine whose build completed gets the local disk and makes it
+// provisioned (booted_local_disk); the
 // transitions metric equals the transition events recorded; every BMC job
 // ends succeeded or failed with a legal pending→running→end history.
 func TestPropertyRandomEvents(t *testing.T) {
@@ -78,6 +80,13 @@ func TestPropertyRandomEvents(t *testing.T) {
 	reached := map[string]bool{}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { runProperty(t, seed, steps, reached) })
+	}
+	// Both ways a built machine becomes provisioned were taken (the short
+	// walk is too short to be sure of both).
+	for _, r := range []string{ReasonBootedLocalDisk, ReasonRebootUnobserved} {
+		if !reached["provisioning>provisioned "+r] && !testing.Short() {
+			t.Errorf("provisioning → provisioned (%s) never happened", r)
+		}
 	}
 	// Every state was reached over the runs (the walk is not trivial).
 	for _, s := range []store.MachineState{store.StateInspecting, store.StateAvailable, store.StateProvisioning,
@@ -201,12 +210,28 @@ func runProperty(t *testing.T, seed int64, n int, reached map[string]bool) {
 			c.drain(bg)
 		case 13:
 			op = "boot"
+			if rng.Intn(2) == 0 { // half the time, a built machine's post-build netboot when there is one
+				for _, x := range ids {
+					if buildComplete(h.get(x)) {
+						id = x
+						break
+					}
+				}
+			}
 			mac := macOf(id)
 			if rng.Intn(5) == 0 {
 				mac = fmt.Sprintf("02:ee:00:00:%02x:%02x", rng.Intn(4), rng.Intn(4))
 			}
+			before, _ := g.GetMachine(id)
 			var b Boot
 			b, err = c.BootFor(bg, mac)
+			if err == nil && mac == macOf(id) && buildComplete(before) {
+				// A built machine's netboot: the local disk, and provisioned.
+				if after := h.get(id); b.Action != BootLocal || b.Token != "" || after.State != store.StateProvisioned ||
+					after.Reason != ReasonBootedLocalDisk {
+					t.Fatalf("step %d: built machine %s boot %+v, now %s (%s)", i, id, b, after.State, after.Reason)
+				}
+			}
 			if err == nil && b.Action == BootDiscover {
 				ids = append(ids, b.MachineID)
 				created[b.MachineID] = store.StateDiscovered
@@ -234,6 +259,7 @@ func runProperty(t *testing.T, seed int64, n int, reached map[string]bool) {
 	for _, ev := range g.allEvents() {
 		if ev.Kind == "transition" {
 			reached[ev.To] = true
+			reached[ev.From+">"+ev.To+" "+ev.Reason] = true
 			cnt[ev.From+">"+ev.To+" "+ev.Reason]++
 		}
 	}
