@@ -21,6 +21,7 @@ func main() {
 	fw := flag.String("firmware", "bios", "bios or uefi")
 	bmcKind := flag.String("bmc", "", "ipmi or redfish (default: ipmi for bios, redfish for uefi)")
 	work := flag.String("work", "/tmp/kiln-demo", "scratch directory")
+	prefix := flag.String("prefix", "kln", "network namespace prefix (PREFIX-srv, PREFIX-lan)")
 	keep := flag.Bool("keep", true, "leave the lab running afterwards (tear down with: make demo-down)")
 	flag.Parse()
 	if *bmcKind == "" {
@@ -35,7 +36,7 @@ func main() {
 	fmt.Printf("kiln demo: a %s VM with a %s BMC, from powered off to provisioned\n", *fw, *bmcKind)
 	start := time.Now()
 	r, err := e2e.Run(ctx, e2e.Options{
-		Root: root, Work: *work, Prefix: "kln", Firmware: *fw, BMC: *bmcKind,
+		Root: root, Work: *work, Prefix: *prefix, Firmware: *fw, BMC: *bmcKind,
 		DiskMiB: 64, ImageMiB: 24, Timeout: 8 * time.Minute, KeepUp: *keep, Out: os.Stdout,
 	})
 	if err != nil {
@@ -50,11 +51,11 @@ func main() {
 	if *keep {
 		kiln := filepath.Join(root, "bin/kiln")
 		env := fmt.Sprintf("KILN_TOKEN_FILE=%s/kiln-data/admin.token", *work)
-		fmt.Printf("\nlook around (Kiln keeps running in netns kln-srv):\n")
-		fmt.Printf("  sudo ip netns exec kln-srv env %s %s machines list\n", env, kiln)
-		fmt.Printf("  sudo ip netns exec kln-srv env %s %s machines get %s -o yaml\n", env, kiln, r.MachineID)
-		fmt.Printf("  sudo ip netns exec kln-srv env %s %s events\n", env, kiln)
-		fmt.Printf("  sudo ip netns exec kln-srv env %s %s status\n", env, kiln)
+		fmt.Printf("\nlook around (Kiln keeps running in netns %s-srv):\n", *prefix)
+		fmt.Printf("  sudo ip netns exec %s-srv env %s %s machines list\n", *prefix, env, kiln)
+		fmt.Printf("  sudo ip netns exec %s-srv env %s %s machines get %s -o yaml\n", *prefix, env, kiln, r.MachineID)
+		fmt.Printf("  sudo ip netns exec %s-srv env %s %s events\n", *prefix, env, kiln)
+		fmt.Printf("  sudo ip netns exec %s-srv env %s %s status\n", *prefix, env, kiln)
 		fmt.Printf("tear down: sudo make demo-down\n")
 	}
 }

@@ -41,6 +41,9 @@ func run(t *testing.T, o Options) *Result {
 	o.Root = repoRoot(t)
 	o.Work = filepath.Join(t.TempDir(), "lab")
 	o.Prefix = "kln"
+	if p := os.Getenv("KILN_LAB_PREFIX"); p != "" {
+		o.Prefix = p // lets two labs run side by side (names are the only shared thing)
+	}
 	o.Out = logWriter{t}
 	if o.Timeout == 0 {
 		o.Timeout = 6 * time.Minute
@@ -105,6 +108,9 @@ func checkProvisioned(t *testing.T, fw string, r *Result) {
 	}
 	if _, ok := r.Cidata["user-data"]; !ok {
 		t.Error("cidata has no user-data")
+	}
+	if r.Reason != "booted_local_disk" {
+		t.Errorf("provisioned with reason %q, want booted_local_disk (the reboot's netboot was told to exit to disk)", r.Reason)
 	}
 	if r.PowerOnAt.IsZero() {
 		t.Error("power-on was never observed")
