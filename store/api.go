@@ -182,12 +182,12 @@ func (s *Store) MachineByMAC(mac string) (Machine, error) {
 		return Machine{}, err
 	}
 	var m Machine
-	err = s.fsm.view(func(tx *bbolt.Tx) error {
-		id := tx.Bucket(bIdxMAC).Get([]byte(norm))
-		if id == nil {
+	var id string
+	err = s.fsm.viewIndexed(func(ix *machineIndex) { id = ix.mac[norm] }, func(tx *bbolt.Tx) error {
+		if id == "" {
 			return fmt.Errorf("%w: machine with MAC %s", ErrNotFound, norm)
 		}
-		raw := tx.Bucket(bMachines).Get(id)
+		raw := tx.Bucket(bMachines).Get([]byte(id))
 		if raw == nil {
 			return fmt.Errorf("%w: index names missing machine %s", ErrCorrupt, id)
 		}
@@ -208,8 +208,8 @@ type ListOptions struct {
 
 // ListMachines returns machines ordered by ID that match opt, at most
 // opt.Limit, and next = the last returned ID when more matches exist ("" at
-// the end). A State filter walks the state index (state→ID), so it costs
-// O(machines in that state).
+// the end). A State filter walks the in-memory state index (state→IDs),
+// so it costs O(machines in that state).
 func (s *Store) ListMachines(opt ListOptions) (items []Machine, next string, err error) {
 	match := func(m *Machine) bool {
 		if opt.Rack != "" && m.Rack != opt.Rack {
@@ -222,7 +222,13 @@ func (s *Store) ListMachines(opt ListOptions) (items []Machine, next string, err
 		}
 		return true
 	}
-	err = s.fsm.view(func(tx *bbolt.Tx) error {
+	var stateIDs []string
+	pick := func(ix *machineIndex) {
+		if opt.State != "" {
+			stateIDs = ix.idsInState(opt.State)
+		}
+	}
+	err = s.fsm.viewIndexed(pick, func(tx *bbolt.Tx) error {
 		machines := tx.Bucket(bMachines)
 		// visit returns false to stop.
 		visit := func(id, raw []byte) (bool, error) {
@@ -241,22 +247,21 @@ func (s *Store) ListMachines(opt ListOptions) (items []Machine, next string, err
 			return true, nil
 		}
 		if opt.State != "" {
-			prefix := []byte(string(opt.State) + "\x00")
-			c := tx.Bucket(bIdxState).Cursor()
-			seek := prefix
-			if opt.After != "" {
-				seek = append(append([]byte{}, prefix...), opt.After...)
+			// stateIDs is sorted; start after the cursor.
+			i := sort.SearchStrings(stateIDs, opt.After)
+			if opt.After == "" {
+				i = 0
 			}
-			for k, _ := c.Seek(seek); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-				id := k[len(prefix):]
-				if opt.After != "" && string(id) <= opt.After {
+			for ; i < len(stateIDs); i++ {
+				id := stateIDs[i]
+				if opt.After != "" && id <= opt.After {
 					continue
 				}
-				raw := machines.Get(id)
+				raw := machines.Get([]byte(id))
 				if raw == nil {
 					return fmt.Errorf("%w: state index names missing machine %s", ErrCorrupt, id)
 				}
-				if cont, err := visit(id, raw); err != nil || !cont {
+				if cont, err := visit([]byte(id), raw); err != nil || !cont {
 					return err
 				}
 			}
@@ -284,17 +289,14 @@ func (s *Store) ListMachines(opt ListOptions) (items []Machine, next string, err
 }
 
 // CountByState returns the number of machines in each state (states with
-// no machines are absent). Walks the state index only.
+// no machines are absent). Reads the in-memory state index only.
 func (s *Store) CountByState() (map[MachineState]int, error) {
 	out := map[MachineState]int{}
-	err := s.fsm.view(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bIdxState).ForEach(func(k, _ []byte) error {
-			if i := bytes.IndexByte(k, 0); i > 0 {
-				out[MachineState(k[:i])]++
-			}
-			return nil
-		})
-	})
+	err := s.fsm.viewIndexed(func(ix *machineIndex) {
+		for st, ids := range ix.state {
+			out[st] = len(ids)
+		}
+	}, func(*bbolt.Tx) error { return nil })
 	return out, err
 }
 

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -44,13 +47,51 @@ func run(t testing.TB, db *bbolt.DB, index uint64, c *command) ([]json.RawMessag
 	if err != nil {
 		t.Fatal(err)
 	}
+	return applyIn(db, index, dc)
+}
+
+// testIndexes holds the in-memory machine index of each test db.
+var testIndexes sync.Map // *bbolt.DB → *machineIndex
+
+func indexOf(db *bbolt.DB) *machineIndex {
+	v, _ := testIndexes.LoadOrStore(db, newMachineIndex())
+	return v.(*machineIndex)
+}
+
+// applyIn applies c at index in its own transaction on db as the FSM does:
+// rolled back on error, index changes merged only when the tx commits.
+func applyIn(db *bbolt.DB, index uint64, c *command) ([]json.RawMessage, error) {
+	ix := indexOf(db)
+	x := newIdxTx(ix)
 	var vals []json.RawMessage
-	err = db.Update(func(tx *bbolt.Tx) error {
+	err := db.Update(func(tx *bbolt.Tx) error {
 		var e error
-		vals, _, e = apply(tx, index, dc)
+		vals, _, e = apply(tx, x, index, c)
 		return e
 	})
+	if err == nil {
+		ix.mu.Lock()
+		x.commit()
+		ix.mu.Unlock()
+	}
 	return vals, err
+}
+
+// checkIndex: the incrementally maintained index equals one rebuilt from
+// the records.
+func checkIndex(t testing.TB, db *bbolt.DB) {
+	t.Helper()
+	ix := indexOf(db)
+	_ = db.View(func(tx *bbolt.Tx) error {
+		want, err := buildMachineIndex(tx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(ix.mac, want.mac) || !reflect.DeepEqual(ix.state, want.state) {
+			t.Fatalf("index drifted from records:\n mac %v\nwant %v\n state %v\nwant %v", ix.mac, want.mac, ix.state, want.state)
+		}
+		return nil
+	})
 }
 
 func machineAt(t *testing.T, db *bbolt.DB, id string) (Machine, bool) {
@@ -163,15 +204,12 @@ func TestApplyMachineTable(t *testing.T) {
 	if _, err := run(t, db, 21, &command{Type: CmdDeleteMachine, ID: "m-1", W: w}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
-	_ = db.View(func(tx *bbolt.Tx) error {
-		if tx.Bucket(bIdxMAC).Get([]byte("aa:bb:cc:00:00:01")) != nil {
-			t.Error("MAC index kept deleted machine")
-		}
-		if tx.Bucket(bIdxState).Get(stateKey(StateInspecting, "m-1")) != nil {
-			t.Error("state index kept deleted machine")
-		}
-		return nil
-	})
+	if ix := indexOf(db); ix.mac["aa:bb:cc:00:00:01"] != "" {
+		t.Error("MAC index kept deleted machine")
+	} else if _, ok := ix.state[StateInspecting]["m-1"]; ok {
+		t.Error("state index kept deleted machine")
+	}
+	checkIndex(t, db)
 }
 
 func TestApplyPutMachinesAllOrNothing(t *testing.T) {
@@ -352,10 +390,8 @@ func FuzzDecodeApply(f *testing.F) {
 			return
 		}
 		idx++
-		_ = db.Update(func(tx *bbolt.Tx) error {
-			_, _, err := apply(tx, idx, c)
-			return err
-		})
+		_, _ = applyIn(db, idx, c)
+		checkIndex(t, db)
 	})
 }
 
@@ -368,11 +404,8 @@ func FuzzVerifyBoltFile(f *testing.F) {
 		f.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		_ = db.Update(func(tx *bbolt.Tx) error {
-			_, _, err := apply(tx, uint64(i+1), &command{Type: CmdPutMachines, Time: t0,
-				Machines: []Machine{{Meta: Meta{ID: strings.Repeat("m", i+1)}, Intended: nic("02:00:00:00:00:0" + string(rune('1'+i)))}}})
-			return err
-		})
+		_, _ = applyIn(db, uint64(i+1), &command{Type: CmdPutMachines, Time: t0,
+			Machines: []Machine{{Meta: Meta{ID: strings.Repeat("m", i+1)}, Intended: nic("02:00:00:00:00:0" + string(rune('1'+i)))}}})
 	}
 	db.Close()
 	seed, err := os.ReadFile(filepath.Join(dir, "seed.db"))
@@ -387,4 +420,142 @@ func FuzzVerifyBoltFile(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_ = verifyBolt(bytes.NewReader(data), int64(len(data)))
 	})
+}
+
+// TestApplyBatchEqualsOneByOne: applying a log in batches (one bbolt tx per
+// batch, refused entries split out, some entries predecoded as on the
+// leader) gives the same per-entry results, the same records and the same
+// in-memory index as applying every entry in its own transaction.
+func TestApplyBatchEqualsOneByOne(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	mk := func(c *command) []byte {
+		b, err := encodeCommand(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	var data [][]byte
+	for i := 0; i < 64; i++ {
+		id := fmt.Sprintf("m-%02d", i%13)
+		switch i % 7 {
+		case 0, 1, 2: // create or overwrite; MAC i%9 collides with other machines
+			data = append(data, mk(&command{Type: CmdPutMachines, Time: at(i),
+				Machines: []Machine{{Meta: Meta{ID: id}, Intended: nic(fmt.Sprintf("02:00:00:00:00:%02x", i%9))}}}))
+		case 3: // legal or illegal transition, or not found
+			data = append(data, mk(&command{Type: CmdPutMachines, Time: at(i),
+				Machines: []Machine{{Meta: Meta{ID: id}, State: StateInspecting}}}))
+		case 4: // CAS with a mostly wrong version
+			data = append(data, mk(&command{Type: CmdPutMachines, Time: at(i),
+				Machines: []Machine{{Meta: Meta{ID: id, ResourceVersion: uint64(i - 3)}, Intended: nic(fmt.Sprintf("02:00:00:00:01:%02x", i))}}}))
+		case 5:
+			data = append(data, mk(&command{Type: CmdDeleteMachine, Time: at(i), ID: id}))
+		case 6:
+			data = append(data, append([]byte{200}, '{', '}')) // unknown type
+		}
+	}
+	logs := make([]*raft.Log, len(data))
+	for i, d := range data {
+		logs[i] = &raft.Log{Index: uint64(i + 1), Type: raft.LogCommand, Data: d}
+	}
+
+	// One transaction per entry.
+	ref := testDB(t)
+	var want []string
+	for i, d := range data {
+		c, err := decodeCommand(d)
+		if err == nil {
+			var vals []json.RawMessage
+			vals, err = applyIn(ref, uint64(i+1), c)
+			if err == nil {
+				want = append(want, fmt.Sprintf("ok %s", vals))
+				continue
+			}
+		}
+		want = append(want, "err "+err.Error())
+	}
+	refused := 0
+	for _, w := range want {
+		if strings.HasPrefix(w, "err") {
+			refused++
+		}
+	}
+	if refused < 8 || refused > len(want)-8 {
+		t.Fatalf("test log should mix refusals and successes: %d of %d refused", refused, len(want))
+	}
+
+	// Batches of 1..9 entries with every other entry predecoded (as on
+	// the leader), then one batch of the last 24 decoded in the FSM by
+	// several goroutines (as on a follower).
+	f, err := openFSM(filepath.Join(t.TempDir(), "fsm.db"), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.close()
+	var got []string
+	const tail = 24
+	for pos, n := 0, 1; pos < len(logs); pos, n = pos+n, n%9+1 {
+		follower := pos >= len(logs)-tail
+		if pos+n > len(logs)-tail && !follower {
+			n = len(logs) - tail - pos
+		}
+		if follower {
+			n = tail
+		}
+		batch := logs[pos:min(pos+n, len(logs))]
+		var dones []func()
+		for k, l := range batch {
+			if k%2 == 0 && !follower {
+				dones = append(dones, f.predecode(l.Data))
+			}
+		}
+		for _, r := range f.ApplyBatch(batch) {
+			ar := r.(*applyResult)
+			if ar.Err != nil {
+				got = append(got, "err "+ar.Err.Error())
+			} else {
+				got = append(got, fmt.Sprintf("ok %s", ar.Values))
+			}
+		}
+		for _, d := range dones {
+			d()
+		}
+		if f.applied.Load() != batch[len(batch)-1].Index {
+			t.Fatalf("applied %d after batch ending at %d", f.applied.Load(), batch[len(batch)-1].Index)
+		}
+	}
+	if len(f.pre) != 0 {
+		t.Fatalf("%d predecoded entries left behind", len(f.pre))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("entry %d: batched %q, alone %q", i+1, got[i], want[i])
+		}
+	}
+	dump := func(db *bbolt.DB) string {
+		var buf bytes.Buffer
+		_ = db.View(func(tx *bbolt.Tx) error {
+			return tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
+				if bytes.Equal(name, bMeta) {
+					return nil // the applied marker exists only under the FSM
+				}
+				return b.ForEach(func(k, v []byte) error {
+					fmt.Fprintf(&buf, "%s/%s=%s\n", name, k, v)
+					return nil
+				})
+			})
+		})
+		return buf.String()
+	}
+	f.mu.RLock()
+	a, b := dump(f.db), dump(ref)
+	f.mu.RUnlock()
+	if a != b {
+		t.Fatalf("batched state differs from one-by-one:\n%s\n---\n%s", a, b)
+	}
+	if ix := indexOf(ref); !reflect.DeepEqual(f.ix.mac, ix.mac) || !reflect.DeepEqual(f.ix.state, ix.state) {
+		t.Fatalf("indexes differ: %v %v / %v %v", f.ix.mac, f.ix.state, ix.mac, ix.state)
+	}
+	checkIndex(t, ref)
 }

@@ -253,6 +253,9 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 	if err != nil {
 		return nil, err
 	}
+	// Decode the entry here, in the caller's goroutine and before raft
+	// takes it, so the FSM's single goroutine need not (see predecode).
+	defer s.fsm.predecode(data)()
 	f := s.raft.Apply(data, s.timeout(ctx))
 	if err := f.Error(); err != nil {
 		switch {

@@ -13,7 +13,8 @@ import (
 )
 
 // Bucket names of fsm.db. Record buckets hold JSON keyed by ID; idx* buckets
-// are secondary indexes maintained in the same transaction as the record.
+// are secondary indexes maintained in the same transaction as the record;
+// the machine MAC and state indexes live in memory (machineIndex).
 var (
 	bSites    = []byte("sites")
 	bRacks    = []byte("racks")
@@ -22,17 +23,18 @@ var (
 	bSecrets  = []byte("secrets")
 	bImages   = []byte("images")
 	bJobs     = []byte("jobs")
-	bLeases   = []byte("leases")    // key: lower-case MAC
-	bEvents   = []byte("events")    // key: 8-byte BE index + 4-byte BE seq
-	bNodes    = []byte("nodes")     // raft server ID → forward address
-	bIdxMAC   = []byte("idx_mac")   // MAC → machine ID
-	bIdxState = []byte("idx_state") // state \x00 machine ID → empty
-	bIdxJob   = []byte("idx_job")   // machine ID \x00 job ID → empty
-	bMeta     = []byte("meta")      // "applied" → 8-byte BE raft index
+	bLeases   = []byte("leases")  // key: lower-case MAC
+	bEvents   = []byte("events")  // key: 8-byte BE index + 4-byte BE seq
+	bNodes    = []byte("nodes")   // raft server ID → forward address
+	bIdxJob   = []byte("idx_job") // machine ID \x00 job ID → empty
+	bMeta     = []byte("meta")    // "applied" → 8-byte BE raft index
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxMAC, bIdxState, bIdxJob, bMeta}
-	keyApplied = []byte("applied")
+		bLeases, bEvents, bNodes, bIdxJob, bMeta}
+	// Buckets of older fsm.db files (and snapshots) now kept in memory
+	// (machineIndex); dropped when such a file is restored.
+	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
+	keyApplied    = []byte("applied")
 )
 
 // meta gives generic code access to the embedded Meta of every record.
@@ -47,6 +49,7 @@ type record[T any] interface {
 // the raft index, the leader-fixed time, and the event sequence counter.
 type applyCtx struct {
 	tx    *bbolt.Tx
+	ix    *idxTx
 	index uint64
 	now   time.Time
 	w     W
@@ -80,14 +83,15 @@ func (a *applyCtx) event(ev Event) error {
 	return a.tx.Bucket(bEvents).Put(eventKey(ev.Index, ev.Seq), b)
 }
 
-// apply executes one decoded command inside tx at raft index. It is the
-// whole deterministic state machine: it reads only tx, index and the
-// command (c.Time is the leader's clock), never the wall clock or
+// apply executes one decoded command inside tx at raft index, recording
+// machine index changes in ix (merged into the in-memory index only when tx
+// commits). It is the whole deterministic state machine: it reads only tx,
+// the index (itself derived from tx's records), index and the command (c.Time is the leader's clock), never the wall clock or
 // randomness. It returns the JSON of the records written (for Put
 // commands) and the number of events appended. On error the caller must
 // roll tx back: a command is all-or-nothing.
-func apply(tx *bbolt.Tx, index uint64, c *command) ([]json.RawMessage, int, error) {
-	a := &applyCtx{tx: tx, index: index, now: c.Time.UTC(), w: c.W}
+func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) ([]json.RawMessage, int, error) {
+	a := &applyCtx{tx: tx, ix: ix, index: index, now: c.Time.UTC(), w: c.W}
 	var out []json.RawMessage
 	var err error
 	one := func(raw []byte, e error) {
@@ -278,8 +282,6 @@ func machineMACs(m *Machine) ([]string, error) {
 	return macs, nil
 }
 
-func stateKey(s MachineState, id string) []byte { return []byte(string(s) + "\x00" + id) }
-
 func putMachine(a *applyCtx, m *Machine) ([]byte, error) {
 	macs, err := machineMACs(m)
 	if err != nil {
@@ -289,7 +291,7 @@ func putMachine(a *applyCtx, m *Machine) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	idxMAC, idxState := a.tx.Bucket(bIdxMAC), a.tx.Bucket(bIdxState)
+	ix := a.ix
 	if old == nil {
 		if m.State == "" {
 			m.State = StateRegistered
@@ -309,27 +311,22 @@ func putMachine(a *applyCtx, m *Machine) ([]byte, error) {
 		}
 		oldMACs, _ := machineMACs(old)
 		for _, mac := range oldMACs {
-			if string(idxMAC.Get([]byte(mac))) == m.ID {
-				if err := idxMAC.Delete([]byte(mac)); err != nil {
-					return nil, err
-				}
+			if ix.owner(mac) == m.ID {
+				ix.setOwner(mac, "")
 			}
-		}
-		if err := idxState.Delete(stateKey(old.State, m.ID)); err != nil {
-			return nil, err
 		}
 	}
 	for _, mac := range macs {
-		if owner := idxMAC.Get([]byte(mac)); owner != nil && string(owner) != m.ID {
+		if owner := ix.owner(mac); owner != "" && owner != m.ID {
 			return nil, fmt.Errorf("%w: %s is on machine %s, not %s", ErrDuplicateMAC, mac, owner, m.ID)
 		}
-		if err := idxMAC.Put([]byte(mac), []byte(m.ID)); err != nil {
-			return nil, err
-		}
+		ix.setOwner(mac, m.ID)
 	}
-	if err := idxState.Put(stateKey(m.State, m.ID), nil); err != nil {
-		return nil, err
+	var from MachineState
+	if old != nil {
+		from = old.State
 	}
+	ix.move(m.ID, from, m.State)
 	raw, err := writeRec(a, bMachines, m)
 	if err != nil {
 		return nil, err
@@ -364,17 +361,12 @@ func deleteMachine(a *applyCtx, id string) error {
 		return fmt.Errorf("%w: stored machine %s: %v", ErrCorrupt, id, err)
 	}
 	macs, _ := machineMACs(&old)
-	idxMAC := a.tx.Bucket(bIdxMAC)
 	for _, mac := range macs {
-		if string(idxMAC.Get([]byte(mac))) == id {
-			if err := idxMAC.Delete([]byte(mac)); err != nil {
-				return err
-			}
+		if a.ix.owner(mac) == id {
+			a.ix.setOwner(mac, "")
 		}
 	}
-	if err := a.tx.Bucket(bIdxState).Delete(stateKey(old.State, id)); err != nil {
-		return err
-	}
+	a.ix.move(id, old.State, "")
 	if err := a.tx.Bucket(bMachines).Delete([]byte(id)); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,7 @@ type fsm struct {
 
 	mu sync.RWMutex // guards db (swapped by Restore)
 	db *bbolt.DB
+	ix *machineIndex // derived from db's machines; see machineIndex
 
 	lastEvent atomic.Uint64
 	applied   atomic.Uint64
@@ -38,6 +40,9 @@ type fsm struct {
 	applyCh  chan struct{} // closed and replaced when applied advances
 
 	onApplyError func(code string)
+
+	pmu sync.Mutex
+	pre map[*byte]predecoded // see predecode
 }
 
 // checkBolt opens path read-only and verifies it: the file is at least as
@@ -103,7 +108,7 @@ func openFSM(path string, log *slog.Logger) (*fsm, error) {
 			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 	}
-	f := &fsm{path: path, log: log, eventsCh: make(chan struct{}), applyCh: make(chan struct{})}
+	f := &fsm{path: path, log: log, ix: newMachineIndex(), eventsCh: make(chan struct{}), applyCh: make(chan struct{})}
 	db, err := openFSMFile(path)
 	if err != nil {
 		return nil, err
@@ -145,6 +150,28 @@ func (f *fsm) view(fn func(tx *bbolt.Tx) error) error {
 	return f.db.View(fn)
 }
 
+// viewIndexed runs fn in a read transaction of the current fsm.db. pick
+// is called first with the in-memory machine index, which then belongs to
+// the same commit as the transaction; pick must copy what it needs (the
+// index is not locked while fn runs).
+func (f *fsm) viewIndexed(pick func(ix *machineIndex), fn func(tx *bbolt.Tx) error) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.db == nil {
+		return ErrClosed
+	}
+	f.ix.mu.RLock()
+	tx, err := f.db.Begin(false)
+	if err != nil {
+		f.ix.mu.RUnlock()
+		return err
+	}
+	pick(f.ix)
+	f.ix.mu.RUnlock()
+	defer func() { _ = tx.Rollback() }()
+	return fn(tx)
+}
+
 // applyResult is what FSM.Apply returns to the raft future: the JSON of the
 // records written, or the error that refused the command.
 type applyResult struct {
@@ -157,13 +184,188 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 	return f.ApplyBatch([]*raft.Log{l})[0]
 }
 
+// predecoded is a command decoded by the leader from the exact bytes it
+// hands to raft.Apply.
+type predecoded struct {
+	n int // len(data)
+	c *command
+}
+
+// predecode decodes data (an encoded command about to be given to
+// raft.Apply on this node) and parks the result for ApplyBatch, keyed by the
+// address of data's first byte: on the leader raft passes the very same
+// slice to the FSM, so ApplyBatch can skip JSON decoding on its single
+// goroutine. The result is exactly what decodeCommand(data) gives in the FSM
+// (same function, same bytes), so determinism is unchanged. Entries that
+// reach the FSM another way (replayed from the log, or on a follower) are
+// not found and decoded there. The returned func removes the parked entry;
+// call it when raft.Apply has finished (the slice is kept alive until then,
+// so its address cannot be reused meanwhile).
+func (f *fsm) predecode(data []byte) (done func()) {
+	if len(data) == 0 {
+		return func() {}
+	}
+	c, err := decodeCommand(data)
+	if err != nil {
+		return func() {} // the FSM decodes it again and refuses it
+	}
+	key := &data[0]
+	f.pmu.Lock()
+	if f.pre == nil {
+		f.pre = make(map[*byte]predecoded)
+	}
+	f.pre[key] = predecoded{n: len(data), c: c}
+	f.pmu.Unlock()
+	return func() {
+		f.pmu.Lock()
+		delete(f.pre, key)
+		f.pmu.Unlock()
+	}
+}
+
+// takePredecoded returns (and forgets) the command parked for data, or nil.
+// It is taken once: apply mutates the command, so any re-application
+// decodes afresh.
+func (f *fsm) takePredecoded(data []byte) *command {
+	if len(data) == 0 {
+		return nil
+	}
+	key := &data[0]
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	p, ok := f.pre[key]
+	if !ok || p.n != len(data) {
+		return nil
+	}
+	delete(f.pre, key)
+	return p.c
+}
+
+// parallelDecodeMin is the number of entries of a batch that must be
+// decoded in the FSM (not predecoded) before decoding is spread over
+// several goroutines (followers, log replay).
+const parallelDecodeMin = 8
+
+// decodeBatch returns the decoded command (or decode error) of every
+// LogCommand entry of logs, from the predecoded entries where present.
+func (f *fsm) decodeBatch(logs []*raft.Log) []decoded {
+	dec := make([]decoded, len(logs))
+	var miss []int
+	for i, l := range logs {
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		if c := f.takePredecoded(l.Data); c != nil {
+			dec[i].c = c
+			continue
+		}
+		miss = append(miss, i)
+	}
+	workers := min(runtime.GOMAXPROCS(0), 4, len(miss)/parallelDecodeMin)
+	if workers <= 1 {
+		for _, i := range miss {
+			dec[i].c, dec[i].err = decodeCommand(logs[i].Data)
+		}
+		return dec
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for k := w; k < len(miss); k += workers {
+				i := miss[k]
+				dec[i].c, dec[i].err = decodeCommand(logs[i].Data)
+			}
+		}(w)
+	}
+	wg.Wait()
+	return dec
+}
+
+// decoded is one entry's command, or why it could not be decoded.
+type decoded struct {
+	c   *command
+	err error
+}
+
+// command returns the entry's command for one application and forgets it
+// (apply mutates it); a second call decodes the log bytes again.
+func (d *decoded) command(l *raft.Log) (*command, error) {
+	c, err := d.c, d.err
+	d.c, d.err = nil, nil
+	if c == nil && err == nil {
+		return decodeCommand(l.Data)
+	}
+	return c, err
+}
+
+// entryOut is what one applied entry produced.
+type entryOut struct {
+	vals   []json.RawMessage
+	events int
+}
+
+// applyTx applies entries [from, to) of logs in ONE bbolt write transaction
+// and commits it with the applied marker set to marker. If entry i is
+// refused, the transaction is rolled back (nothing of [from, to) is
+// written) and applyTx returns bad = i with that entry's error; a failure
+// not attributable to an entry (commit, marker) returns bad = -1.
+func (f *fsm) applyTx(logs []*raft.Log, dec []decoded, from, to int, marker uint64) (out []entryOut, bad int, err error) {
+	out = make([]entryOut, to-from)
+	bad = -1
+	tx, err := f.db.Begin(true)
+	if err != nil {
+		return out, bad, err
+	}
+	ix := newIdxTx(f.ix)
+	for i := from; i < to; i++ {
+		l := logs[i]
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		c, err := dec[i].command(l)
+		if err == nil {
+			out[i-from].vals, out[i-from].events, err = apply(tx, ix, l.Index, c)
+		}
+		if err != nil {
+			_ = tx.Rollback()
+			return out, i, err
+		}
+	}
+	if err := putApplied(tx, marker); err != nil {
+		_ = tx.Rollback()
+		return out, bad, err
+	}
+	// Commit and merge the index changes as one step for readers
+	// (viewIndexed).
+	f.ix.mu.Lock()
+	err = tx.Commit()
+	if err == nil {
+		ix.commit()
+	}
+	f.ix.mu.Unlock()
+	return out, bad, err
+}
+
 // ApplyBatch implements raft.BatchingFSM: all command entries of the batch
-// are applied in one bbolt transaction. If any command is refused, that
-// transaction is rolled back and the batch is re-applied one transaction
-// per command, so a refused command never leaves partial writes and never
-// affects its neighbours. Each transaction also records the "applied"
-// marker (index of the last entry it covered); it travels in snapshots so
-// leader and follower compare the same notion in Barrier.
+// are applied in one bbolt transaction, each with its own result.
+//
+// A refused entry (logical refusal, unknown type, malformed) must not
+// affect its neighbours: when entry i is refused, the transaction is rolled
+// back, the entries before i are re-applied (from fresh decodes) and
+// committed in a transaction of their own, i gets its error — which is
+// exactly the error it gets when applied alone on that same state — and
+// the rest of the batch continues in a new transaction. So a batch costs
+// (refusals + 1) transactions, and the state after it is byte-identical to
+// applying every entry in its own transaction. Should a transaction fail
+// for a reason not tied to one entry (bbolt commit error), the remaining
+// entries are applied one transaction each so the error is attributed to
+// the right entries.
+//
+// Each transaction also records the "applied" marker (index of the last
+// entry it covered, a refused entry counting as covered); it travels in
+// snapshots so leader and follower compare the same notion in Barrier.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	res := make([]interface{}, len(logs))
 	if len(logs) == 0 {
@@ -177,58 +379,49 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		return res
 	}
+	dec := f.decodeBatch(logs)
 	lastIdx := logs[len(logs)-1].Index
 	var events int
 	var lastEv uint64
-	failed := false
-	err := f.db.Update(func(tx *bbolt.Tx) error {
-		for i, l := range logs {
-			if l.Type != raft.LogCommand {
+	keep := func(from int, out []entryOut) {
+		for k, o := range out {
+			i := from + k
+			if logs[i].Type != raft.LogCommand {
 				continue
 			}
-			vals, n, err := f.applyOne(tx, l)
-			if err != nil {
-				failed = true
-				return err
-			}
-			res[i] = &applyResult{Values: vals}
-			if n > 0 {
-				events += n
-				lastEv = l.Index
+			res[i] = &applyResult{Values: o.vals}
+			if o.events > 0 {
+				events += o.events
+				lastEv = logs[i].Index
 			}
 		}
-		return putApplied(tx, lastIdx)
-	})
-	if failed || err != nil {
-		events, lastEv = 0, 0
-		for i, l := range logs {
-			res[i] = nil
-			if l.Type != raft.LogCommand {
-				continue
-			}
-			var vals []json.RawMessage
-			var n int
-			err := f.db.Update(func(tx *bbolt.Tx) error {
-				var e error
-				if vals, n, e = f.applyOne(tx, l); e != nil {
-					return e
-				}
-				return putApplied(tx, l.Index)
-			})
-			if err != nil {
-				f.refused(l, err)
-				res[i] = &applyResult{Err: err}
-				continue
-			}
-			res[i] = &applyResult{Values: vals}
-			if n > 0 {
-				events += n
-				lastEv = l.Index
-			}
+	}
+	refuse := func(i int, err error) {
+		f.refused(logs[i], err)
+		res[i] = &applyResult{Err: err}
+	}
+	for pos := 0; pos < len(logs); {
+		out, bad, err := f.applyTx(logs, dec, pos, len(logs), lastIdx)
+		if err == nil {
+			keep(pos, out)
+			break
 		}
-		if err := f.db.Update(func(tx *bbolt.Tx) error { return putApplied(tx, lastIdx) }); err != nil {
-			f.log.Error("write applied marker", "path", f.path, "err", err)
+		if bad < 0 {
+			f.applyEach(logs, dec, pos, len(logs), refuse, keep)
+			break
 		}
+		// Entry bad was refused on the state left by [pos, bad): commit
+		// that prefix alone, then go on after bad.
+		refuse(bad, err)
+		out, _, err = f.applyTx(logs, dec, pos, bad, logs[bad].Index)
+		if err != nil {
+			// The prefix applied cleanly a moment ago; a failure now is
+			// not about one entry. Attribute entry by entry.
+			f.applyEach(logs, dec, pos, bad, refuse, keep)
+		} else {
+			keep(pos, out)
+		}
+		pos = bad + 1
 	}
 	f.applied.Store(lastIdx)
 	if lastEv > f.lastEvent.Load() {
@@ -238,18 +431,33 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	return res
 }
 
+// applyEach applies entries [from, to) one transaction each (the slow,
+// fault-attributing path of ApplyBatch), then writes the applied marker of
+// entry to-1.
+func (f *fsm) applyEach(logs []*raft.Log, dec []decoded, from, to int,
+	refuse func(int, error), keep func(int, []entryOut)) {
+	for i := from; i < to; i++ {
+		if logs[i].Type != raft.LogCommand {
+			continue
+		}
+		out, _, err := f.applyTx(logs, dec, i, i+1, logs[i].Index)
+		if err != nil {
+			refuse(i, err)
+			continue
+		}
+		keep(i, out)
+	}
+	if to > from {
+		if err := f.db.Update(func(tx *bbolt.Tx) error { return putApplied(tx, logs[to-1].Index) }); err != nil {
+			f.log.Error("write applied marker", "path", f.path, "err", err)
+		}
+	}
+}
+
 func putApplied(tx *bbolt.Tx, idx uint64) error {
 	var ib [8]byte
 	binary.BigEndian.PutUint64(ib[:], idx)
 	return tx.Bucket(bMeta).Put(keyApplied, ib[:])
-}
-
-func (f *fsm) applyOne(tx *bbolt.Tx, l *raft.Log) ([]json.RawMessage, int, error) {
-	c, err := decodeCommand(l.Data)
-	if err != nil {
-		return nil, 0, err
-	}
-	return apply(tx, l.Index, c)
 }
 
 // refused logs and counts a command the FSM did not apply. Logical refusals
@@ -354,6 +562,30 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("restore: %w", err)
 	}
 	f.db = db
+	// Drop the index buckets of snapshots written before the machine
+	// indexes moved to memory, then derive the index from the records.
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range legacyBuckets {
+			if tx.Bucket(b) != nil {
+				if err := tx.DeleteBucket(b); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("restore: %s: %w", f.path, err)
+	}
+	var ix *machineIndex
+	if err := db.View(func(tx *bbolt.Tx) (err error) {
+		ix, err = buildMachineIndex(tx)
+		return err
+	}); err != nil {
+		return fmt.Errorf("restore: %s: %w", f.path, err)
+	}
+	f.ix.mu.Lock()
+	f.ix.mac, f.ix.state = ix.mac, ix.state
+	f.ix.mu.Unlock()
 	var last, applied uint64
 	_ = db.View(func(tx *bbolt.Tx) error {
 		last = lastEventIndex(tx)

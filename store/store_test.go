@@ -273,8 +273,11 @@ func TestRestartRebuildsFromSnapshotAndLog(t *testing.T) {
 	dir := t.TempDir()
 	s, stop := openSingle(t, dir, nil)
 	ctx := ctxT(t)
+	nicOf := func(i int) store.Hardware {
+		return store.Hardware{NICs: []store.NIC{{MAC: fmt.Sprintf("02:00:00:00:01:%02x", i)}}}
+	}
 	for i := 0; i < 20; i++ {
-		if _, err := s.PutMachine(ctx, store.Machine{Meta: store.Meta{ID: fmt.Sprintf("m-%02d", i)}}, store.W{}); err != nil {
+		if _, err := s.PutMachine(ctx, store.Machine{Meta: store.Meta{ID: fmt.Sprintf("m-%02d", i)}, Intended: nicOf(i)}, store.W{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -282,7 +285,7 @@ func TestRestartRebuildsFromSnapshotAndLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 20; i < 30; i++ {
-		if _, err := s.PutMachine(ctx, store.Machine{Meta: store.Meta{ID: fmt.Sprintf("m-%02d", i)}}, store.W{}); err != nil {
+		if _, err := s.PutMachine(ctx, store.Machine{Meta: store.Meta{ID: fmt.Sprintf("m-%02d", i)}, Intended: nicOf(i)}, store.W{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -295,6 +298,19 @@ func TestRestartRebuildsFromSnapshotAndLog(t *testing.T) {
 	items, _, err := s2.ListMachines(store.ListOptions{})
 	if err != nil || len(items) != 30 {
 		t.Fatalf("after restart: %d machines, %v", len(items), err)
+	}
+	// The in-memory machine indexes are rebuilt from the snapshot (machines
+	// 0-19) and the replayed log (20-29).
+	for _, i := range []int{3, 25} {
+		if m, err := s2.MachineByMAC(fmt.Sprintf("02:00:00:00:01:%02x", i)); err != nil || m.ID != fmt.Sprintf("m-%02d", i) {
+			t.Fatalf("MachineByMAC after restart: %q %v", m.ID, err)
+		}
+	}
+	if reg, _, err := s2.ListMachines(store.ListOptions{State: store.StateRegistered}); err != nil || len(reg) != 30 {
+		t.Fatalf("by state after restart: %d, %v", len(reg), err)
+	}
+	if counts, _ := s2.CountByState(); counts[store.StateRegistered] != 30 {
+		t.Fatalf("counts after restart: %v", counts)
 	}
 	// Every event written before the stop is back (the restarted leader may
 	// add a node_registered event: its forward port is new).
