@@ -167,6 +167,12 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 			{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
 			{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
 			{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
+			// The catalog's upload errors are the client's: a body whose
+			// SHA-256 or length differs from the declared one, or a bad name.
+			{Err: httpboot.ErrDigestMismatch, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+			{Err: httpboot.ErrSizeMismatch, Status: http.StatusBadRequest, Code: "size_mismatch"},
+			{Err: httpboot.ErrBadDigest, Status: http.StatusBadRequest, Code: "invalid"},
+			{Err: httpboot.ErrBadName, Status: http.StatusBadRequest, Code: "invalid"},
 		},
 	}, &apiBackend{Store: st, Controller: life, version: version}, reg, log)
 	if err != nil {
@@ -271,7 +277,10 @@ func (a *Appliance) Registry() *prometheus.Registry { return a.reg }
 func (a *Appliance) Run(ctx context.Context) error {
 	defer a.close()
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return a.Store.Run(ctx, a.log.With("component", "store")) })
+	g.Go(func() error { return a.Store.Run(ctx, a.log) })
+	if len(a.cfg.Raft.Join) > 0 && !a.Store.HasState() {
+		g.Go(func() error { return a.Store.JoinVia(ctx, a.cfg.Raft.Join) })
+	}
 	g.Go(func() error { return a.life.Run(ctx, a.log.With("component", "lifecycle")) })
 	g.Go(func() error { return a.api.Run(ctx, a.log.With("component", "api")) })
 	g.Go(func() error { return a.serveBoot(ctx) })

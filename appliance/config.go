@@ -67,12 +67,15 @@ type TokenSpec struct {
 }
 
 // RaftConfig places this node in the site's raft group. With Bootstrap (the
-// default) a node with empty state forms a one-node cluster; Join names an
-// existing member's API URL to join through instead.
+// default) a node with empty state forms a one-node cluster. A new node of an
+// existing cluster sets bootstrap: false and lists members' forward addresses
+// in Join; it asks them to add it as a voter on first start. Addr and
+// ForwardAddr must then be addresses the other members can reach.
 type RaftConfig struct {
-	Addr        string `yaml:"addr"`
-	ForwardAddr string `yaml:"forward_addr"`
-	Bootstrap   bool   `yaml:"bootstrap"`
+	Addr        string   `yaml:"addr"`
+	ForwardAddr string   `yaml:"forward_addr"`
+	Bootstrap   bool     `yaml:"bootstrap"`
+	Join        []string `yaml:"join"`
 }
 
 // BootConfig is the provisioning network: DHCP, TFTP and HTTP boot. With no
@@ -197,6 +200,9 @@ func (c *Config) Validate() error {
 	}
 	if c.API.Addr == "" {
 		return errors.New("config: api.addr must not be empty")
+	}
+	if len(c.Raft.Join) > 0 && c.Raft.Bootstrap {
+		return errors.New("config: raft.join and raft.bootstrap exclude each other: a joining node sets bootstrap: false")
 	}
 	if c.API.AdminTokenFile == "" {
 		c.API.AdminTokenFile = c.DataDir + "/admin.token"

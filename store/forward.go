@@ -386,3 +386,47 @@ func (s *Store) post(ctx context.Context, url string, body []byte, res *wireResu
 	}
 	return resp.StatusCode, nil
 }
+
+// JoinVia asks an existing cluster to add this node as a voter, through the
+// forward RPC of any of its members (host:port of their Config.ForwardAddr).
+// A member that is not the leader answers not_leader and the next one is
+// tried; the whole list is retried with backoff until one leader accepts or
+// ctx ends. Used by a new node started without Bootstrap. Errors: ctx's error
+// wrapping the last refusal.
+func (s *Store) JoinVia(ctx context.Context, peers []string) error {
+	if len(peers) == 0 {
+		return fmt.Errorf("%w: join needs at least one peer forward address", ErrInvalid)
+	}
+	body, _ := json.Marshal(membership{ID: s.cfg.NodeID, RaftAddr: s.RaftAddr(), ForwardAddr: s.ForwardAddr()})
+	backoff := 100 * time.Millisecond
+	var last error
+	for {
+		for _, p := range peers {
+			var res wireResult
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			status, err := s.post(pctx, "http://"+p+"/raft/join", body, &res)
+			cancel()
+			switch {
+			case err != nil:
+				last = fmt.Errorf("peer %s: %w", p, err)
+			case status == http.StatusOK && res.Error == nil:
+				s.log.Info("joined cluster", "via", p)
+				return nil
+			default:
+				last = fmt.Errorf("peer %s (HTTP %d): %w", p, status, fromWire(res.Error))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("store: join via %v: %w (last: %v)", peers, ctx.Err(), last)
+		case <-time.After(backoff):
+		}
+		if backoff < 2*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+// HasState reports whether this node's data directory held raft state when
+// it was opened (false for a brand-new node).
+func (s *Store) HasState() bool { return s.hadState }

@@ -101,6 +101,8 @@ type Store struct {
 	closed    atomic.Bool
 	runOnce   atomic.Bool
 
+	hadState bool // raft state existed at Open
+
 	readyMu     sync.Mutex
 	readyTarget uint64 // commit index seen when a leader was first known; 0 = not yet
 	ready       bool
@@ -199,6 +201,7 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 		return nil, fmt.Errorf("%w: start raft from %s (snapshots in %s): %v", ErrCorrupt, raftPath,
 			filepath.Join(cfg.DataDir, "snapshots"), err)
 	}
+	s.hadState = has
 	if !has && cfg.Bootstrap {
 		conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter,
 			ID: rc.LocalID, Address: s.trans.LocalAddr()}}}
