@@ -1,0 +1,120 @@
+package appliance
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"kiln/dhcp"
+	"kiln/store"
+	"kiln/store/storetest"
+)
+
+func newDHCPBackend(t *testing.T) (*dhcpBackend, *store.Store) {
+	t.Helper()
+	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	return &dhcpBackend{
+		st:          st,
+		scriptURL:   func(mac string) string { return "http://10.0.0.1:8080/ipxe/" + mac },
+		log:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		discoveries: make(chan discovery, 4),
+	}, st
+}
+
+// An unknown MAC seen by DHCP becomes a `discovered` machine (through the
+// single bounded writer), labelled with its architecture; a second report of
+// the same MAC adds nothing.
+func TestDHCPDiscoveredBecomesAMachine(t *testing.T) {
+	b, st := newDHCPBackend(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.runDiscoveries(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	mac, _ := net.ParseMAC("52:54:00:AB:CD:01")
+	b.Discovered(mac, 7, "PXEClient:Arch:00007:UNDI:003016")
+	var m store.Machine
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		if m, err = st.MachineByMAC("52:54:00:ab:cd:01"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("discovered machine not recorded: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if m.State != store.StateDiscovered || m.Labels["kiln.io/arch"] != "efi-x86_64" {
+		t.Fatalf("recorded %s with labels %v", m.State, m.Labels)
+	}
+	b.Discovered(mac, 7, "")
+	time.Sleep(200 * time.Millisecond)
+	ms, _, err := st.ListMachines(store.ListOptions{})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("after a repeat: %d machines (%v), want 1", len(ms), err)
+	}
+}
+
+// A full queue drops (and logs) instead of blocking the DHCP worker.
+func TestDHCPDiscoveredNeverBlocks(t *testing.T) {
+	b, _ := newDHCPBackend(t) // nobody drains the queue
+	mac, _ := net.ParseMAC("52:54:00:ab:cd:02")
+	start := time.Now()
+	for i := 0; i < 100; i++ {
+		b.Discovered(mac, 0, "")
+	}
+	if time.Since(start) > time.Second {
+		t.Fatal("Discovered blocked on a full queue")
+	}
+}
+
+// Machine maps the record: reservation, override, netboot, script URL; a
+// retired machine is never offered a boot file.
+func TestDHCPMachineInfo(t *testing.T) {
+	b, st := newDHCPBackend(t)
+	no := false
+	m, err := st.PutMachine(context.Background(), store.Machine{Name: "r1-u07", IPv4: "10.0.0.57", BootOverride: "snp.efi",
+		Intended: store.Hardware{NICs: []store.NIC{{MAC: "52:54:00:ab:cd:03"}}}}, store.W{Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac, _ := net.ParseMAC("52:54:00:AB:CD:03")
+	info, ok := b.Machine(mac)
+	if !ok || info.ID != m.ID || info.IP != netip.MustParseAddr("10.0.0.57") || info.BootOverride != "snp.efi" ||
+		!info.Netboot || info.Hostname != "r1-u07" || info.ScriptURL != "http://10.0.0.1:8080/ipxe/52:54:00:ab:cd:03" {
+		t.Fatalf("info %+v ok=%v", info, ok)
+	}
+	m.Netboot = &no
+	if _, err := st.PutMachine(context.Background(), m, store.W{Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := b.Machine(mac); info.Netboot {
+		t.Fatal("netboot=false not honoured")
+	}
+	if _, ok := b.Machine(net.HardwareAddr{2, 0, 0, 0, 0, 9}); ok {
+		t.Fatal("unknown MAC reported known")
+	}
+}
+
+// Leases round-trip through the replicated store.
+func TestDHCPLeasesRoundTrip(t *testing.T) {
+	b, _ := newDHCPBackend(t)
+	mac, _ := net.ParseMAC("52:54:00:ab:cd:04")
+	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	in := []dhcp.Lease{{MAC: mac, IP: netip.MustParseAddr("10.0.0.100"), Hostname: "h", Expiry: exp, State: dhcp.LeaseBound}}
+	if err := b.SaveLeases(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+	out, err := b.LoadLeases()
+	if err != nil || len(out) != 1 {
+		t.Fatalf("load: %v %v", out, err)
+	}
+	if out[0].MAC.String() != mac.String() || out[0].IP != in[0].IP || !out[0].Expiry.Equal(exp) || out[0].State != dhcp.LeaseBound {
+		t.Fatalf("lease changed on the way: %+v", out[0])
+	}
+}
