@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
@@ -47,7 +49,8 @@ func addClientCommands(root *cobra.Command) {
 	pf.StringVar(&o.token, "token", "", "API bearer token (env KILN_TOKEN, else the file in KILN_TOKEN_FILE or "+defaultTokenFile+")")
 	pf.StringVarP(&o.output, "output", "o", outTable, "output format: table, json or yaml")
 
-	root.AddCommand(machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o))
+	root.AddCommand(machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o),
+		sitesCmd(o), racksCmd(o))
 }
 
 // client builds an API client from the flags; it checks -o too.
@@ -267,7 +270,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 	prov.Flags().StringArrayVar(&claimLabels, "label", nil, "node label key=value (repeat)")
 	prov.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
 
-	c.AddCommand(list, get, prov,
+	c.AddCommand(list, get, prov, claimCmd(o),
 		actionCmd(o, "release", "Release a provisioned machine (it is erased, then available)"),
 		actionCmd(o, "erase", "Erase a machine's disks"),
 		actionCmd(o, "inspect", "(Re)inspect a machine's hardware"))
@@ -548,7 +551,7 @@ func printEvents(w io.Writer, tw *tabwriter.Writer, format string, el api.EventL
 	switch format {
 	case outTable:
 		if *header {
-			row(tw, "INDEX", "TIME", "SUBJECT", "KIND", "CHANGE", "ACTOR", "REASON")
+			row(tw, "INDEX", "TIME", "SUBJECT", "KIND", "CHANGE", "ACTOR", "REASON", "MESSAGE")
 			*header = false
 		}
 		for _, e := range el.Events {
@@ -556,12 +559,13 @@ func printEvents(w io.Writer, tw *tabwriter.Writer, format string, el api.EventL
 			if e.From != "" || e.To != "" {
 				change = dash(e.From) + "→" + dash(e.To)
 			}
-			row(tw, e.Index, e.Time.Format(time.RFC3339), e.Subject, e.Kind, change, dash(e.Actor), dash(e.Reason))
+			row(tw, e.Index, e.Time.Format(time.RFC3339), e.Subject, e.Kind, change, dash(e.Actor), dash(e.Reason), dash(oneLine(e.Message, 100)))
 		}
 		return tw.Flush()
 	case outJSON:
+		enc := json.NewEncoder(w) // compact: one object per line (JSON Lines)
 		for _, e := range el.Events {
-			if err := render(w, outJSON, e, nil); err != nil {
+			if err := enc.Encode(e); err != nil {
 				return err
 			}
 		}
@@ -575,6 +579,21 @@ func printEvents(w io.Writer, tw *tabwriter.Writer, format string, el api.EventL
 		}
 		return nil
 	}
+}
+
+// oneLine makes s fit one table cell: control characters (tabs, newlines)
+// become spaces and it is cut to max runes with "…".
+func oneLine(s string, max int) string {
+	r := []rune(strings.Map(func(c rune) rune {
+		if unicode.IsControl(c) {
+			return ' '
+		}
+		return c
+	}, s))
+	if len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return string(r)
 }
 
 func statusCmd(o *cliOpts) *cobra.Command {
