@@ -14,13 +14,24 @@ import (
 // ---- writes (each is one raft command; ctx bounds it together with
 // Config.ApplyTimeout; on a follower the command is forwarded) ----
 
-func one[T any](vals []json.RawMessage, err error) (T, error) {
+// one returns the single record a write stored. A write applied on this
+// node hands back the applied struct itself (recs[0], a *T) instead of
+// decoding its JSON again: that struct was decoded from the log entry's
+// JSON and apply changed only scalar fields, so it equals what GetMachine
+// & co. decode from the stored JSON (TestPutReturnsStoredRecord). A
+// forwarded write carries only the JSON (vals).
+func one[T any](vals []json.RawMessage, recs []any, err error) (T, error) {
 	var v T
 	if err != nil {
 		return v, err
 	}
 	if len(vals) != 1 {
 		return v, fmt.Errorf("store: expected 1 record in result, got %d", len(vals))
+	}
+	if len(recs) == 1 {
+		if p, ok := recs[0].(*T); ok {
+			return *p, nil
+		}
 	}
 	return v, json.Unmarshal(vals[0], &v)
 }
@@ -55,12 +66,18 @@ func (s *Store) PutMachines(ctx context.Context, ms []Machine, w W) ([]Machine, 
 	if len(ms) == 0 {
 		return nil, nil
 	}
-	vals, err := s.write(ctx, &command{Type: CmdPutMachines, W: w, Machines: ms})
+	vals, recs, err := s.write(ctx, &command{Type: CmdPutMachines, W: w, Machines: ms})
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Machine, len(vals))
 	for i, v := range vals {
+		if len(recs) == len(vals) {
+			if p, ok := recs[i].(*Machine); ok {
+				out[i] = *p // see one
+				continue
+			}
+		}
 		if err := json.Unmarshal(v, &out[i]); err != nil {
 			return nil, err
 		}
@@ -71,7 +88,7 @@ func (s *Store) PutMachines(ctx context.Context, ms []Machine, w W) ([]Machine, 
 // DeleteMachine removes machine id and its index entries (ErrNotFound if
 // absent) and emits a "deleted" event.
 func (s *Store) DeleteMachine(ctx context.Context, id string, w W) error {
-	_, err := s.write(ctx, &command{Type: CmdDeleteMachine, W: w, ID: id})
+	_, _, err := s.write(ctx, &command{Type: CmdDeleteMachine, W: w, ID: id})
 	return err
 }
 
@@ -83,7 +100,7 @@ func (s *Store) PutBMC(ctx context.Context, v BMC, w W) (BMC, error) {
 // PutSecret stores an already-sealed (encrypted) value under key. The
 // value never appears in events or logs.
 func (s *Store) PutSecret(ctx context.Context, key string, sealed []byte, w W) error {
-	_, err := s.write(ctx, &command{Type: CmdPutSecret, W: w, Key: key, Sealed: sealed})
+	_, _, err := s.write(ctx, &command{Type: CmdPutSecret, W: w, Key: key, Sealed: sealed})
 	return err
 }
 
@@ -94,7 +111,7 @@ func (s *Store) PutImage(ctx context.Context, v Image, w W) (Image, error) {
 
 // DeleteImage removes image id (ErrNotFound if absent).
 func (s *Store) DeleteImage(ctx context.Context, id string, w W) error {
-	_, err := s.write(ctx, &command{Type: CmdDeleteImage, W: w, ID: id})
+	_, _, err := s.write(ctx, &command{Type: CmdDeleteImage, W: w, ID: id})
 	return err
 }
 
@@ -112,7 +129,7 @@ func (s *Store) PutLeases(ctx context.Context, ls []Lease) error {
 	if len(ls) == 0 {
 		return nil
 	}
-	_, err := s.write(ctx, &command{Type: CmdPutLeases, W: W{Actor: "dhcp"}, Leases: ls})
+	_, _, err := s.write(ctx, &command{Type: CmdPutLeases, W: W{Actor: "dhcp"}, Leases: ls})
 	return err
 }
 
@@ -123,7 +140,7 @@ func (s *Store) AppendEvents(ctx context.Context, evs []Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	_, err := s.write(ctx, &command{Type: CmdAppendEvents, Events: evs})
+	_, _, err := s.write(ctx, &command{Type: CmdAppendEvents, Events: evs})
 	return err
 }
 

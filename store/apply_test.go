@@ -66,7 +66,7 @@ func applyIn(db *bbolt.DB, index uint64, c *command) ([]json.RawMessage, error) 
 	var vals []json.RawMessage
 	err := db.Update(func(tx *bbolt.Tx) error {
 		var e error
-		vals, _, e = apply(tx, x, index, c)
+		vals, _, _, e = apply(tx, x, index, c)
 		return e
 	})
 	if err == nil {

@@ -134,7 +134,7 @@ func (s *Store) forwardHandler() http.Handler {
 			reply(w, http.StatusBadRequest, wireResult{Error: toWire(err)})
 			return
 		}
-		vals, err := s.applyLocal(r.Context(), c)
+		vals, _, err := s.applyLocal(r.Context(), c)
 		if errors.Is(err, raft.ErrNotLeader) {
 			notLeader(w)
 			return
@@ -214,25 +214,26 @@ func prepare(c *command) {
 }
 
 // write submits c: on the leader through raft, on a follower through the
-// forward RPC. It returns the JSON of the records written.
-func (s *Store) write(ctx context.Context, c *command) ([]json.RawMessage, error) {
+// forward RPC. It returns the JSON of the records written and, when the
+// write was applied on this node, the records themselves (recs, see
+// applyResult; nil when forwarded).
+func (s *Store) write(ctx context.Context, c *command) (vals []json.RawMessage, recs []any, err error) {
 	if s.closed.Load() {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	start := time.Now()
 	s.m.commands.WithLabelValues(c.Type.String()).Inc()
-	var vals []json.RawMessage
-	var err error
 	for attempt := 0; ; attempt++ {
 		if s.IsLeader() {
-			vals, err = s.applyLocal(ctx, c)
+			vals, recs, err = s.applyLocal(ctx, c)
 			if !errors.Is(err, raft.ErrNotLeader) {
 				break
 			}
 		}
+		recs = nil
 		vals, err = s.forward(ctx, c)
 		if !errors.Is(err, errSelfLeader) || attempt > 3 {
 			break
@@ -241,17 +242,17 @@ func (s *Store) write(ctx context.Context, c *command) ([]json.RawMessage, error
 	if err == nil {
 		s.m.commit.Observe(time.Since(start).Seconds())
 	}
-	return vals, err
+	return vals, recs, err
 }
 
 // applyLocal prepares c and commits it through raft on this (leader) node.
 // raft.ErrNotLeader is returned unwrapped-compatible (errors.Is) when
 // leadership was gone before the entry was enqueued, so it is safe to retry.
-func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, error) {
+func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, []any, error) {
 	prepare(c)
 	data, err := encodeCommand(c)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Decode the entry here, in the caller's goroutine and before raft
 	// takes it, so the FSM's single goroutine need not (see predecode).
@@ -260,20 +261,20 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 	if err := f.Error(); err != nil {
 		switch {
 		case errors.Is(err, raft.ErrEnqueueTimeout):
-			return nil, fmt.Errorf("%w: %s not enqueued: %v", ErrTimeout, c.Type, err)
+			return nil, nil, fmt.Errorf("%w: %s not enqueued: %v", ErrTimeout, c.Type, err)
 		case errors.Is(err, raft.ErrNotLeader):
-			return nil, err
+			return nil, nil, err
 		case errors.Is(err, raft.ErrRaftShutdown):
-			return nil, fmt.Errorf("%w: %v", ErrClosed, err)
+			return nil, nil, fmt.Errorf("%w: %v", ErrClosed, err)
 		}
 		// ErrLeadershipLost etc.: the entry may or may not commit later.
-		return nil, fmt.Errorf("store: %s outcome unknown: %w", c.Type, err)
+		return nil, nil, fmt.Errorf("store: %s outcome unknown: %w", c.Type, err)
 	}
 	res, ok := f.Response().(*applyResult)
 	if !ok {
-		return nil, fmt.Errorf("store: %s: unexpected FSM response %T", c.Type, f.Response())
+		return nil, nil, fmt.Errorf("store: %s: unexpected FSM response %T", c.Type, f.Response())
 	}
-	return res.Values, res.Err
+	return res.Values, res.Recs, res.Err
 }
 
 // errSelfLeader: forwardRetry found this node is now the leader.

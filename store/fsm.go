@@ -88,67 +88,74 @@ func (a *applyCtx) event(ev Event) error {
 // commits). It is the whole deterministic state machine: it reads only tx,
 // the index (itself derived from tx's records), index and the command (c.Time is the leader's clock), never the wall clock or
 // randomness. It returns the JSON of the records written (for Put
-// commands) and the number of events appended. On error the caller must
-// roll tx back: a command is all-or-nothing.
-func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) ([]json.RawMessage, int, error) {
+// commands), the written records themselves (recs[i] is the *Site,
+// *Machine, ... that vals[i] encodes; they point into c, which the caller
+// must not reuse), and the number of events appended. On error the caller
+// must roll tx back: a command is all-or-nothing.
+func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMessage, recs []any, events int, err error) {
 	a := &applyCtx{tx: tx, ix: ix, index: index, now: c.Time.UTC(), w: c.W}
 	var out []json.RawMessage
-	var err error
-	one := func(raw []byte, e error) {
-		if raw != nil {
-			out = append(out, raw)
+	one := func(rec any) func(raw []byte, e error) {
+		return func(raw []byte, e error) {
+			if raw != nil {
+				out = append(out, raw)
+				recs = append(recs, rec)
+			}
+			err = e
 		}
-		err = e
 	}
 	switch c.Type {
 	case CmdPutSite:
 		if c.Site == nil {
-			return nil, 0, fmt.Errorf("%w: put_site without site", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: put_site without site", ErrBadCommand)
 		}
-		one(putSimple(a, bSites, "site", c.Site))
+		one(c.Site)(putSimple(a, bSites, "site", c.Site))
 	case CmdPutRack:
 		if c.Rack == nil {
-			return nil, 0, fmt.Errorf("%w: put_rack without rack", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: put_rack without rack", ErrBadCommand)
 		}
-		one(putSimple(a, bRacks, "rack", c.Rack))
+		one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
 	case CmdPutMachines:
+		out = make([]json.RawMessage, 0, len(c.Machines))
+		recs = make([]any, 0, len(c.Machines))
 		for i := range c.Machines {
 			raw, e := putMachine(a, &c.Machines[i])
 			if e != nil {
 				if len(c.Machines) > 1 {
 					e = fmt.Errorf("machine %d (%s): %w", i, c.Machines[i].ID, e)
 				}
-				return nil, 0, e
+				return nil, nil, 0, e
 			}
 			out = append(out, raw)
+			recs = append(recs, &c.Machines[i])
 		}
 	case CmdDeleteMachine:
 		err = deleteMachine(a, c.ID)
 	case CmdPutBMC:
 		if c.BMC == nil {
-			return nil, 0, fmt.Errorf("%w: put_bmc without bmc", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: put_bmc without bmc", ErrBadCommand)
 		}
-		one(putSimple(a, bBMCs, "bmc", c.BMC))
+		one(c.BMC)(putSimple(a, bBMCs, "bmc", c.BMC))
 	case CmdPutSecret:
 		err = putSecret(a, c.Key, c.Sealed)
 	case CmdPutImage:
 		if c.Image == nil {
-			return nil, 0, fmt.Errorf("%w: put_image without image", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: put_image without image", ErrBadCommand)
 		}
-		one(putSimple(a, bImages, "image", c.Image))
+		one(c.Image)(putSimple(a, bImages, "image", c.Image))
 	case CmdDeleteImage:
 		err = deleteSimple(a, bImages, "image", c.ID)
 	case CmdPutJob:
 		if c.Job == nil {
-			return nil, 0, fmt.Errorf("%w: put_job without job", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: put_job without job", ErrBadCommand)
 		}
-		one(putJob(a, c.Job))
+		one(c.Job)(putJob(a, c.Job))
 	case CmdPutLeases:
 		err = putLeases(a, c.Leases)
 	case CmdAppendEvents:
 		for _, ev := range c.Events {
 			if ev.Kind == "" || ev.Subject == "" {
-				return nil, 0, fmt.Errorf("%w: event needs subject and kind", ErrInvalid)
+				return nil, nil, 0, fmt.Errorf("%w: event needs subject and kind", ErrInvalid)
 			}
 			if err = a.event(ev); err != nil {
 				break
@@ -156,7 +163,7 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) ([]json.RawMessage
 		}
 	case CmdRegisterNode:
 		if c.Node == nil || c.Node.ID == "" {
-			return nil, 0, fmt.Errorf("%w: register_node without node id", ErrInvalid)
+			return nil, nil, 0, fmt.Errorf("%w: register_node without node id", ErrInvalid)
 		}
 		if err = tx.Bucket(bNodes).Put([]byte(c.Node.ID), []byte(c.Node.ForwardAddr)); err == nil {
 			err = a.event(Event{Subject: "node/" + c.Node.ID, Kind: "node_registered", To: c.Node.ForwardAddr})
@@ -166,12 +173,12 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) ([]json.RawMessage
 			err = a.event(Event{Subject: "node/" + c.ID, Kind: "node_removed"})
 		}
 	default:
-		return nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
+		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
-	return out, a.seq, nil
+	return out, recs, a.seq, nil
 }
 
 // putSimple is compare-and-set create/update for records without indexes.

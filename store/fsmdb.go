@@ -173,9 +173,13 @@ func (f *fsm) viewIndexed(pick func(ix *machineIndex), fn func(tx *bbolt.Tx) err
 }
 
 // applyResult is what FSM.Apply returns to the raft future: the JSON of the
-// records written, or the error that refused the command.
+// records written and the records themselves (Recs[i] is the *Site,
+// *Machine, ... that Values[i] encodes; only the leader's raft future
+// delivers it, to the one caller of that write), or the error that refused
+// the command.
 type applyResult struct {
 	Values []json.RawMessage
+	Recs   []any
 	Err    error
 }
 
@@ -303,6 +307,7 @@ func (d *decoded) command(l *raft.Log) (*command, error) {
 // entryOut is what one applied entry produced.
 type entryOut struct {
 	vals   []json.RawMessage
+	recs   []any
 	events int
 }
 
@@ -326,7 +331,8 @@ func (f *fsm) applyTx(logs []*raft.Log, dec []decoded, from, to int, marker uint
 		}
 		c, err := dec[i].command(l)
 		if err == nil {
-			out[i-from].vals, out[i-from].events, err = apply(tx, ix, l.Index, c)
+			o := &out[i-from]
+			o.vals, o.recs, o.events, err = apply(tx, ix, l.Index, c)
 		}
 		if err != nil {
 			_ = tx.Rollback()
@@ -389,7 +395,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			if logs[i].Type != raft.LogCommand {
 				continue
 			}
-			res[i] = &applyResult{Values: o.vals}
+			res[i] = &applyResult{Values: o.vals, Recs: o.recs}
 			if o.events > 0 {
 				events += o.events
 				lastEv = logs[i].Index

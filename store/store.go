@@ -280,7 +280,7 @@ func (s *Store) watchLeadership() {
 			ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ApplyTimeout)
 			c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "leader_elected"},
 				Node: &nodeInfo{ID: s.cfg.NodeID, ForwardAddr: s.ForwardAddr()}}
-			if _, err := s.applyLocal(ctx, c); err != nil {
+			if _, _, err := s.applyLocal(ctx, c); err != nil {
 				s.log.Warn("register forward address", "err", err)
 			}
 			cancel()
@@ -459,7 +459,7 @@ func (s *Store) joinLocal(ctx context.Context, id, raftAddr, forwardAddr string)
 	if forwardAddr != "" {
 		c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "join"},
 			Node: &nodeInfo{ID: id, ForwardAddr: forwardAddr}}
-		if _, err := s.applyLocal(ctx, c); err != nil {
+		if _, _, err := s.applyLocal(ctx, c); err != nil {
 			return fmt.Errorf("store: join %s: %w", id, err)
 		}
 	}
@@ -489,7 +489,7 @@ func (s *Store) removeLocal(ctx context.Context, id string) error {
 	if id == s.cfg.NodeID {
 		return nil // a removed leader steps down; the new leader may clean up
 	}
-	_, err := s.applyLocal(ctx, &command{Type: CmdRemoveNode, ID: id,
+	_, _, err := s.applyLocal(ctx, &command{Type: CmdRemoveNode, ID: id,
 		W: W{Actor: "store:" + s.cfg.NodeID, Reason: "remove"}})
 	return err
 }
