@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -320,6 +321,8 @@ func TestValidationNamesField(t *testing.T) {
 		{"bmc password", "POST", "/v1/machines/" + m.ID + "/bmc", adminTok, `{"address":"10.0.0.1","username":"u"}`, "password", CodeInvalid},
 		{"image sha", "POST", "/v1/images?name=a&version=1&sha256=abc", adminTok, "data", "sha256", CodeInvalid},
 		{"image format", "POST", "/v1/images?name=a&version=1&format=lz4&sha256=" + strings.Repeat("a", 64), adminTok, "data", "format", CodeInvalid},
+		{"image gzip size", "POST", "/v1/images?name=a&version=1&format=gzip&sha256=" + strings.Repeat("a", 64), adminTok, "data", "size", CodeInvalid},
+		{"image size", "POST", "/v1/images?name=a&version=1&size=-1&sha256=" + strings.Repeat("a", 64), adminTok, "data", "size", CodeInvalid},
 		{"import format", "POST", "/v1/machines/import?format=xlsx", adminTok, "x", "format", CodeInvalid},
 		{"report progress", "POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"write","state":"running","progress":2}`, "progress", CodeInvalid},
 		{"report reason", "POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"write","state":"failed"}`, "reason", CodeInvalid},
@@ -456,6 +459,14 @@ func TestEventsLongPoll(t *testing.T) {
 	r.into(t, &el)
 	if len(el.Events) != 0 || el.Next != idx || time.Since(start) < 250*time.Millisecond {
 		t.Fatalf("empty wait: %+v after %v", el, time.Since(start))
+	}
+	// The largest cursor has nothing after it (after+1 must not wrap to 0
+	// and hand central the whole log again).
+	r = h.do("GET", "/v1/events?after=18446744073709551615", viewerTok, nil)
+	h.want(r, 200, "")
+	r.into(t, &el)
+	if len(el.Events) != 0 || el.Next != math.MaxUint64 {
+		t.Fatalf("after=MaxUint64: %+v", el)
 	}
 	// limit pages through.
 	for i := 0; i < 5; i++ {

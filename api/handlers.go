@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net"
 	"net/http"
@@ -623,13 +624,21 @@ func (cr countingReader) Read(p []byte) (int, error) {
 
 // uploadImage streams the request body (the image bytes) to the backend.
 // Metadata comes in the query: name, version, sha256 (hex of the raw
-// bytes), format (raw|gzip|zstd, default raw), source.
+// bytes), format (raw|gzip|zstd, default raw), size (bytes of the raw
+// content: required for gzip and zstd, optional for raw), source.
 func (s *Server) uploadImage(c echo.Context) error {
 	q := c.QueryParams()
 	meta := store.Image{Meta: store.Meta{ID: c.Param("id")}, Name: q.Get("name"), Version: q.Get("version"),
 		SHA256: strings.ToLower(q.Get("sha256")), Format: q.Get("format"), Source: q.Get("source")}
 	if meta.Format == "" {
 		meta.Format = "raw"
+	}
+	if v := q.Get("size"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n == 0 {
+			return invalid("size", "must be the raw content's length in bytes (a positive integer)")
+		}
+		meta.Size = n
 	}
 	switch {
 	case meta.Name == "":
@@ -640,6 +649,8 @@ func (s *Server) uploadImage(c echo.Context) error {
 		return invalid("sha256", "required: 64 hex digits (sha256sum of the image)")
 	case meta.Format != "raw" && meta.Format != "gzip" && meta.Format != "zstd":
 		return invalid("format", "%q is not raw|gzip|zstd", meta.Format)
+	case meta.Format != "raw" && meta.Size == 0:
+		return invalid("size", "required for a %s image: the length in bytes of its decompressed content", meta.Format)
 	case meta.ID != "" && !idRe.MatchString(meta.ID):
 		return invalid("id", "must match %s", idRe)
 	}
@@ -705,7 +716,15 @@ func (s *Server) events(c echo.Context) error {
 		}
 		wait = min(wait, s.cfg.MaxEventWait)
 	}
-	evs, err := s.b.Events(after, limit)
+	read := func() ([]store.Event, error) {
+		if after == math.MaxUint64 {
+			// No event follows the largest index, and a backend seeking
+			// to after+1 would wrap to 0 and return the whole log.
+			return nil, nil
+		}
+		return s.b.Events(after, limit)
+	}
+	evs, err := read()
 	if err != nil {
 		return err
 	}
@@ -719,7 +738,7 @@ func (s *Server) events(c echo.Context) error {
 				}
 				return err
 			}
-			if evs, err = s.b.Events(after, limit); err != nil {
+			if evs, err = read(); err != nil {
 				return err
 			}
 		}

@@ -43,8 +43,9 @@ var (
 	pImageQuery = []docParam{
 		{Name: "name", Type: "string", Desc: "image name (required)"},
 		{Name: "version", Type: "string", Desc: "image version (required)"},
-		{Name: "sha256", Type: "string", Desc: "hex SHA-256 of the raw image bytes (required)"},
+		{Name: "sha256", Type: "string", Desc: "hex SHA-256 of the raw image bytes, decompressed for gzip and zstd (required)"},
 		{Name: "format", Type: "string", Desc: "raw | gzip | zstd (default raw)"},
+		{Name: "size", Type: "integer", Desc: "bytes of the raw (decompressed) content; required for gzip and zstd"},
 		{Name: "source", Type: "string", Desc: "where it came from (free text)"},
 	}
 )

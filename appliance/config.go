@@ -2,12 +2,15 @@ package appliance
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -251,6 +254,9 @@ func (c *Config) Validate() error {
 			c.Boot.TFTPAddr = c.Boot.ServerIP + ":69"
 		}
 	}
+	if err := c.validateValues(); err != nil {
+		return err
+	}
 	if c.Boot.DHCP.Enabled {
 		if c.Boot.Interface == "" {
 			return errors.New("config: boot.dhcp.enabled needs boot.interface")
@@ -267,6 +273,118 @@ func (c *Config) Validate() error {
 			}
 			if s.LeaseTime == 0 {
 				c.Boot.DHCP.Subnets[i].LeaseTime = DefaultLeaseTime
+			}
+		}
+	}
+	return nil
+}
+
+// validateValues checks, before anything is created on disk, the values that
+// the services would otherwise reject only after the store is open (and then
+// without the config key's name): listen addresses, API tokens, TLS files,
+// negative durations and counts, and each DHCP subnet's addresses.
+func (c *Config) validateValues() error {
+	for _, a := range []struct{ key, v string }{
+		{"api.addr", c.API.Addr}, {"raft.addr", c.Raft.Addr}, {"raft.forward_addr", c.Raft.ForwardAddr},
+		{"boot.http_addr", c.Boot.HTTPAddr}, {"boot.tftp_addr", c.Boot.TFTPAddr},
+	} {
+		if a.v == "" && a.key != "api.addr" {
+			continue
+		}
+		_, port, err := net.SplitHostPort(a.v)
+		if err != nil {
+			return fmt.Errorf("config: %s %q: want host:port: %v", a.key, a.v, err)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			return fmt.Errorf("config: %s %q: port must be a number 0..65535", a.key, a.v)
+		}
+	}
+	if (c.API.TLSCert == "") != (c.API.TLSKey == "") {
+		return errors.New("config: api.tls_cert and api.tls_key must be set together")
+	}
+	for _, f := range []struct{ key, path string }{{"api.tls_cert", c.API.TLSCert}, {"api.tls_key", c.API.TLSKey}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return fmt.Errorf("config: %s: %w", f.key, err)
+		}
+	}
+	for i, t := range c.API.Tokens {
+		if t.Name == "" {
+			return fmt.Errorf("config: api.tokens[%d].name must not be empty", i)
+		}
+		switch t.Role {
+		case "admin", "operator", "viewer":
+		default:
+			return fmt.Errorf("config: api.tokens[%d].role %q: want admin, operator or viewer", i, t.Role)
+		}
+		if b, err := hex.DecodeString(t.SHA256); err != nil || len(b) != 32 {
+			return fmt.Errorf("config: api.tokens[%d].sha256: want the 64 hex digits of the token's SHA-256", i)
+		}
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"bmc.timeout", c.BMC.Timeout}, {"lifecycle.step_timeout", c.Lifecycle.StepTimeout},
+		{"lifecycle.boot_timeout", c.Lifecycle.BootTimeout}, {"lifecycle.agent_poll_after", c.Lifecycle.AgentPollAfter},
+		{"lifecycle.reboot_timeout", c.Lifecycle.RebootTimeout},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("config: %s %s: must not be negative", d.key, d.v)
+		}
+	}
+	if c.BMC.Retries < 0 || c.BMC.Concurrency < 0 {
+		return errors.New("config: bmc.retries and bmc.concurrency must not be negative")
+	}
+	if c.Lifecycle.MinReadMBps < 0 {
+		return errors.New("config: lifecycle.min_read_mbps must not be negative")
+	}
+	for i, s := range c.Boot.DHCP.Subnets {
+		key := fmt.Sprintf("boot.dhcp.subnets[%d]", i)
+		pfx, err := netip.ParsePrefix(s.CIDR)
+		if err != nil {
+			return fmt.Errorf("config: %s.cidr: %w", key, err)
+		}
+		if s.LeaseTime < 0 {
+			return fmt.Errorf("config: %s.lease_time %s: must not be negative", key, s.LeaseTime)
+		}
+		addr := func(field, v string) (netip.Addr, error) {
+			if v == "" {
+				return netip.Addr{}, nil
+			}
+			a, err := netip.ParseAddr(v)
+			if err != nil {
+				return a, fmt.Errorf("config: %s.%s: %w", key, field, err)
+			}
+			return a, nil
+		}
+		if _, err := addr("router", s.Router); err != nil {
+			return err
+		}
+		for j, d := range s.DNS {
+			if _, err := addr(fmt.Sprintf("dns[%d]", j), d); err != nil {
+				return err
+			}
+		}
+		start, err := addr("pool_start", s.PoolStart)
+		if err != nil {
+			return err
+		}
+		end, err := addr("pool_end", s.PoolEnd)
+		if err != nil {
+			return err
+		}
+		if start.IsValid() != end.IsValid() {
+			return fmt.Errorf("config: %s: pool_start and pool_end must be set together", key)
+		}
+		if start.IsValid() {
+			if !pfx.Contains(start) || !pfx.Contains(end) {
+				return fmt.Errorf("config: %s: pool %s-%s must lie inside %s", key, start, end, pfx)
+			}
+			if end.Less(start) {
+				return fmt.Errorf("config: %s: pool_start %s is after pool_end %s", key, start, end)
 			}
 		}
 	}

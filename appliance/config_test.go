@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func writeConfig(t *testing.T, body string) string {
@@ -72,6 +73,27 @@ func TestValidateNamesTheKey(t *testing.T) {
 		{func(c *Config) {
 			c.Boot.Interface, c.Boot.ServerIP, c.Boot.DHCP.Enabled = "eth1", "10.0.0.1", true
 		}, "boot.dhcp.subnets"},
+		// Values the services used to reject only after the store was
+		// created on disk, and without the key's name (or with the wrong
+		// token index: the admin token is prepended).
+		{func(c *Config) { c.API.Addr = "notanaddr" }, "api.addr"},
+		{func(c *Config) { c.API.Addr = "127.0.0.1:99999" }, "api.addr"},
+		{func(c *Config) { c.Raft.Addr = "127.0.0.1" }, "raft.addr"},
+		{func(c *Config) { c.Boot.HTTPAddr = "10.0.0.1:http" }, "boot.http_addr"},
+		{func(c *Config) { c.API.Tokens = []TokenSpec{{Name: "x", Role: "god", SHA256: strings.Repeat("a", 64)}} }, "api.tokens[0].role"},
+		{func(c *Config) { c.API.Tokens = []TokenSpec{{Name: "x", Role: "viewer", SHA256: "abc"}} }, "api.tokens[0].sha256"},
+		{func(c *Config) { c.API.TLSCert = "/nonexistent.crt" }, "api.tls_cert and api.tls_key"},
+		{func(c *Config) { c.API.TLSCert, c.API.TLSKey = "/nonexistent.crt", "/nonexistent.key" }, "api.tls_cert"},
+		{func(c *Config) { c.BMC.Timeout = -time.Second }, "bmc.timeout"},
+		{func(c *Config) { c.BMC.Concurrency = -1 }, "bmc.concurrency"},
+		{func(c *Config) { c.Lifecycle.StepTimeout = -time.Second }, "lifecycle.step_timeout"},
+		{func(c *Config) {
+			c.Boot.DHCP.Subnets = []SubnetConfig{{CIDR: "10.0.0.0/24", PoolStart: "10.0.0.200", PoolEnd: "10.0.0.100"}}
+		}, "pool_start 10.0.0.200 is after"},
+		{func(c *Config) {
+			c.Boot.DHCP.Subnets = []SubnetConfig{{CIDR: "10.0.0.0/24", PoolStart: "10.0.1.1", PoolEnd: "10.0.1.9"}}
+		}, "must lie inside"},
+		{func(c *Config) { c.Boot.DHCP.Subnets = []SubnetConfig{{CIDR: "10.0.0.0/24", Router: "10.0.0.256"}} }, "boot.dhcp.subnets[0].router"},
 	}
 	for _, c := range cases {
 		cfg := DefaultConfig()

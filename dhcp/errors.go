@@ -15,7 +15,8 @@ var (
 	// truncated.
 	ErrFieldTooLong = errors.New("dhcp: value too long for BOOTP field")
 	// ErrMalformed: the request is not a usable BOOTREQUEST (wrong op, no
-	// message type, hardware address not Ethernet-sized).
+	// message type, hardware address not Ethernet-sized, or a group or
+	// all-zero client hardware address).
 	ErrMalformed = errors.New("dhcp: malformed request")
 	// ErrNoSubnet: no configured subnet matches the request's giaddr or ingress
 	// address.

@@ -131,11 +131,31 @@ func (s *Server) stepValidate(x *exchange) bool {
 	if r.OpCode != dhcpv4.OpcodeBootRequest || r.HWType != iana.HWTypeEthernet || len(r.ClientHWAddr) != 6 {
 		return x.silence("malformed", fmt.Errorf("%w: op %d htype %d hlen %d", ErrMalformed, r.OpCode, r.HWType, len(r.ClientHWAddr)))
 	}
+	if !unicastMAC(r.ClientHWAddr) {
+		// A group (multicast/broadcast) or all-zero chaddr is no NIC's
+		// address: answering it would lease to, and record as discovered,
+		// a machine that cannot exist.
+		return x.silence("malformed", fmt.Errorf("%w: chaddr %s is not a unicast MAC", ErrMalformed, r.ClientHWAddr))
+	}
 	mt := r.Options.Get(dhcpv4.OptionDHCPMessageType)
 	if len(mt) != 1 || mt[0] < 1 || mt[0] > 8 {
 		return x.silence("malformed", fmt.Errorf("%w: message type %v", ErrMalformed, mt))
 	}
 	x.mt = dhcpv4.MessageType(mt[0])
+	return false
+}
+
+// unicastMAC reports whether mac is an individual (not group) address that is
+// not all zeros (IEEE 802: the low bit of the first octet marks a group).
+func unicastMAC(mac net.HardwareAddr) bool {
+	if len(mac) == 0 || mac[0]&1 != 0 {
+		return false
+	}
+	for _, b := range mac {
+		if b != 0 {
+			return true
+		}
+	}
 	return false
 }
 

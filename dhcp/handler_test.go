@@ -390,3 +390,30 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A DISCOVER whose chaddr is a group (broadcast, multicast) or all-zero
+// address names no NIC: silence, a malformed drop, no lease and no
+// discovered machine (any host on the segment could otherwise fill the
+// inventory and the pool with impossible machines).
+func TestGroupOrZeroChaddrDropped(t *testing.T) {
+	s, b := newTestServer(t, nil)
+	for _, mac := range []string{"ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "33:33:00:00:00:01", "00:00:00:00:00:00", "53:54:00:00:00:01"} {
+		r, _, err := s.Handle(msg(t, mac, dhcpv4.MessageTypeDiscover, arch(0), vendor("PXEClient")), anySrc, bcastDst)
+		if r != nil {
+			t.Errorf("%s: answered %v", mac, r.MessageType())
+		}
+		if !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err %v, want ErrMalformed", mac, err)
+		}
+	}
+	b.mu.Lock()
+	disc, saved := len(b.discovered), len(b.saved)
+	b.mu.Unlock()
+	if disc != 0 || saved != 0 {
+		t.Fatalf("recorded %d discovered machines, %d leases", disc, saved)
+	}
+	// A unicast MAC with the locally-administered bit (qemu's 52:54:00) is fine.
+	if r, _, err := s.Handle(msg(t, "52:54:00:00:00:01", dhcpv4.MessageTypeDiscover), anySrc, bcastDst); err != nil || r == nil {
+		t.Fatalf("unicast MAC: %v %v", r, err)
+	}
+}

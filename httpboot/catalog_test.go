@@ -55,6 +55,15 @@ func TestCatalog(t *testing.T) {
 	if !bytes.Equal(got, img) || e2.SHA256 != e.SHA256 {
 		t.Fatal("stored image changed by failed uploads")
 	}
+	// No declared digest (a compressed image, declared by its decompressed
+	// content's digest): stored, the Entry carries the computed digest.
+	gz := []byte("\x1f\x8b compressed bytes")
+	ez, err := c.Upload(ctx, "comp.img.gz", bytes.NewReader(gz), "", int64(len(gz)))
+	must(t, err)
+	if ez.SHA256 != hexSum(gz) || ez.Size != int64(len(gz)) {
+		t.Fatalf("undeclared digest: entry %+v", ez)
+	}
+	must(t, c.Delete("comp.img.gz"))
 	// Unknown size (-1) is fine when the digest matches.
 	small := []byte("small image")
 	_, err = c.Upload(ctx, "small.img", bytes.NewReader(small), hexSum(small), -1)

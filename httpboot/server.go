@@ -354,7 +354,13 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 		s.notFound(w, ClassImage)
 		return
 	}
-	e, err := s.catalog.Upload(r.Context(), name, r.Body, r.Header.Get(HeaderImageSHA256), r.ContentLength)
+	want := r.Header.Get(HeaderImageSHA256)
+	if want == "" { // this route always checks the digest (Catalog.Upload allows "" for compressed images)
+		s.m.errors.WithLabelValues(ClassImage, "upload").Inc()
+		http.Error(w, ErrBadDigest.Error(), http.StatusBadRequest)
+		return
+	}
+	e, err := s.catalog.Upload(r.Context(), name, r.Body, want, r.ContentLength)
 	if err != nil {
 		s.m.errors.WithLabelValues(ClassImage, "upload").Inc()
 		code := http.StatusInternalServerError
@@ -379,7 +385,7 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleScript(w http.ResponseWriter, r *http.Request) {
 	log := s.logger()
 	mac, err := net.ParseMAC(r.PathValue("mac"))
-	if err != nil || len(mac) != 6 {
+	if err != nil || !unicastMAC(mac) {
 		s.m.errors.WithLabelValues(ClassScript, "bad_request").Inc()
 		s.m.transfers.WithLabelValues(ClassScript, "error").Inc()
 		http.Error(w, "bad MAC address", http.StatusBadRequest)
@@ -426,6 +432,22 @@ func (s *Server) handleScript(w http.ResponseWriter, r *http.Request) {
 	s.m.bytes.WithLabelValues(ClassScript).Add(float64(n))
 	s.m.transfers.WithLabelValues(ClassScript, "ok").Inc()
 	log.Debug("httpboot script", "mac", macs, "action", b.Action, "machine", displayName(b.MachineID))
+}
+
+// unicastMAC reports whether mac is a 6-byte individual (unicast) address
+// that is not all zeros. A NIC never boots with a group (multicast or
+// broadcast) or zero address, so such a path names no machine: answering it
+// would let any host on the boot network record junk machines.
+func unicastMAC(mac net.HardwareAddr) bool {
+	if len(mac) != 6 || mac[0]&1 != 0 {
+		return false
+	}
+	for _, b := range mac {
+		if b != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) params() ScriptParams {

@@ -248,6 +248,13 @@ func TestScriptRoutes(t *testing.T) {
 	if code, _ = get("not-a-mac"); code != 400 {
 		t.Fatalf("bad mac: %d", code)
 	}
+	// Group (broadcast, multicast) and all-zero addresses name no NIC: 400,
+	// and the backend (which would record a discovered machine) is not asked.
+	for _, mac := range []string{"ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "33:33:00:00:00:01", "00:00:00:00:00:00", "53:54:00:00:00:01"} {
+		if code, _ = get(mac); code != 400 {
+			t.Errorf("group or zero mac %s: %d, want 400", mac, code)
+		}
+	}
 	e.backend.mu.Lock()
 	e.backend.err = errors.New("store unavailable")
 	e.backend.mu.Unlock()
@@ -272,6 +279,10 @@ func TestUploadRoute(t *testing.T) {
 	resp, b := do(t, "PUT", e.base+"/images/os-1.raw", map[string]string{HeaderImageSHA256: hex.EncodeToString(sum[:])}, bytes.NewReader(img))
 	if resp.StatusCode != 201 {
 		t.Fatalf("upload: %d %s", resp.StatusCode, b)
+	}
+	// The HTTP route always needs the digest header.
+	if resp, b := do(t, "PUT", e.base+"/images/os-3.raw", nil, bytes.NewReader(img)); resp.StatusCode != 400 {
+		t.Fatalf("upload without %s: %d %s", HeaderImageSHA256, resp.StatusCode, b)
 	}
 	resp, b = do(t, "PUT", e.base+"/images/os-2.raw", map[string]string{HeaderImageSHA256: strings.Repeat("0", 64)}, bytes.NewReader(img))
 	if resp.StatusCode != 422 {

@@ -338,8 +338,12 @@ type Controller struct {
 	backoff  map[string]backoff // auto-inspection retry state per machine
 	lastSeen map[string]time.Time
 	started  map[string]time.Time // machineID + "/" + step → start (step durations)
-	wake     chan struct{}
-	log      *slog.Logger
+	// uploading holds the image names with an upload in progress on this
+	// node: a second upload of the same name is refused before it can
+	// replace the first one's file in the catalog.
+	uploading map[string]bool
+	wake      chan struct{}
+	log       *slog.Logger
 }
 
 type backoff struct {

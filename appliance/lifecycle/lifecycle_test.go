@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -757,6 +758,48 @@ func TestUploadAndDeleteImage(t *testing.T) {
 	}
 	if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("catalog file not deleted: %v", err)
+	}
+}
+
+// Two concurrent uploads of one name: the second is refused (conflict) while
+// the first streams, so it cannot replace the first one's catalog file, and
+// exactly one image is recorded, with the digest of the file on disk.
+func TestConcurrentUploadSameName(t *testing.T) {
+	f := newFakeStore()
+	h := newHarness(t, f, nil)
+	a := strings.Repeat("image A ", 8192)
+	b := strings.Repeat("image B ", 8192)
+	sa, sb := sha256.Sum256([]byte(a)), sha256.Sum256([]byte(b))
+	pr, pw := io.Pipe()
+	first := make(chan error, 1)
+	go func() {
+		_, err := h.c.UploadImage(bg, store.Image{Name: "race.raw", Version: "1", SHA256: hex.EncodeToString(sa[:])}, pr, store.W{})
+		first <- err
+	}()
+	if _, err := pw.Write([]byte(a[:100])); err != nil { // the first upload is now streaming
+		t.Fatal(err)
+	}
+	_, err := h.c.UploadImage(bg, store.Image{Name: "race.raw", Version: "1", SHA256: hex.EncodeToString(sb[:])}, strings.NewReader(b), store.W{})
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second concurrent upload: %v, want ErrConflict", err)
+	}
+	if _, err := pw.Write([]byte(a[100:])); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	must(t, <-first)
+	imgs, _ := f.ListImages()
+	if len(imgs) != 1 || imgs[0].SHA256 != hex.EncodeToString(sa[:]) {
+		t.Fatalf("recorded %+v, want one image with A's digest", imgs)
+	}
+	got, err := os.ReadFile(filepath.Join(h.c.cfg.Catalog.(dirCatalog).dir, "race.raw"))
+	must(t, err)
+	if string(got) != a {
+		t.Fatal("the catalog file is not the recorded upload's bytes")
+	}
+	// Done: the name is free again (and now taken by the record).
+	if _, err := h.c.UploadImage(bg, store.Image{Name: "race.raw", Version: "2"}, strings.NewReader(b), store.W{}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("after the upload: %v", err)
 	}
 }
 

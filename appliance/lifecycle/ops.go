@@ -412,6 +412,27 @@ func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Rea
 	default:
 		return store.Image{}, fmt.Errorf("%w: format %q: want raw, gzip or zstd", ErrInvalid, meta.Format)
 	}
+	// One upload per name at a time: the name check below and the catalog's
+	// atomic replace would otherwise let two concurrent uploads both pass
+	// the check, one file replace the other and both be recorded, one of
+	// them with a digest the served file does not have.
+	c.mu.Lock()
+	if c.uploading == nil {
+		c.uploading = map[string]bool{}
+	}
+	busy := c.uploading[meta.Name]
+	if !busy {
+		c.uploading[meta.Name] = true
+	}
+	c.mu.Unlock()
+	if busy {
+		return store.Image{}, fmt.Errorf("lifecycle: image name %q is being uploaded: %w", meta.Name, store.ErrConflict)
+	}
+	defer func() {
+		c.mu.Lock()
+		delete(c.uploading, meta.Name)
+		c.mu.Unlock()
+	}()
 	imgs, err := c.st.ListImages()
 	if err != nil {
 		return store.Image{}, err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -21,6 +22,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
@@ -388,13 +390,17 @@ func imagesCmd(o *cliOpts) *cobra.Command {
 		},
 	}
 	var name, version, sum, format, id string
+	var rawSize uint64
 	var quiet bool
 	up := &cobra.Command{
 		Use:   "upload FILE",
 		Short: "Upload an image, streaming it with a progress bar",
 		Long: `Upload FILE as an image. Its SHA-256 is --sha256 when given, else computed
 first (a read of the whole file); the server checks the bytes against it.
---format defaults from the extension: .gz gzip, .zst zstd, else raw.`,
+--format defaults from the extension: .gz gzip, .zst zstd, else raw.
+For gzip and zstd, --sha256 and --size are those of the decompressed content
+(what the agent writes and verifies); when either is absent the file is
+decompressed once here to compute them.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := o.client()
@@ -432,6 +438,24 @@ first (a read of the whole file); the server checks the bytes against it.
 					progressbar.OptionSetVisibility(!quiet), progressbar.OptionThrottle(100*time.Millisecond),
 					progressbar.OptionShowCount(), progressbar.OptionOnCompletion(func() { fmt.Fprintln(cmd.ErrOrStderr()) }))
 			}
+			if format != "raw" && (sum == "" || rawSize == 0) {
+				b := bar("hashing  ")
+				rsum, rsize, err := rawDigest(io.TeeReader(f, b), format)
+				if err != nil {
+					return fmt.Errorf("decompress %s (%s): %w", args[0], format, err)
+				}
+				_ = b.Finish()
+				if sum != "" && !strings.EqualFold(sum, rsum) {
+					return fmt.Errorf("--sha256 %s does not match the decompressed content of %s (%s)", sum, args[0], rsum)
+				}
+				if rawSize != 0 && rawSize != rsize {
+					return fmt.Errorf("--size %d does not match the decompressed content of %s (%d bytes)", rawSize, args[0], rsize)
+				}
+				sum, rawSize = rsum, rsize
+				if _, err := f.Seek(0, io.SeekStart); err != nil {
+					return err
+				}
+			}
 			if sum == "" {
 				h := sha256.New()
 				b := bar("hashing  ")
@@ -447,6 +471,9 @@ first (a read of the whole file); the server checks the bytes against it.
 			b := bar("uploading")
 			pr := progressbar.NewReader(f, b)
 			q := url.Values{"name": {name}, "version": {version}, "sha256": {sum}, "format": {format}, "source": {filepath.Base(args[0])}}
+			if rawSize != 0 {
+				q.Set("size", strconv.FormatUint(rawSize, 10))
+			}
 			method, path := "POST", "/v1/images"
 			if id != "" {
 				method, path = "PUT", "/v1/images/"+url.PathEscape(id)
@@ -467,7 +494,8 @@ first (a read of the whole file); the server checks the bytes against it.
 	}
 	up.Flags().StringVar(&name, "name", "", "image name (default: the file name without extension)")
 	up.Flags().StringVar(&version, "version", "", "image version (required)")
-	up.Flags().StringVar(&sum, "sha256", "", "expected SHA-256 (hex) of the file; computed when absent")
+	up.Flags().StringVar(&sum, "sha256", "", "expected SHA-256 (hex) of the image: of the file when raw, of its decompressed content when gzip or zstd; computed when absent")
+	up.Flags().Uint64Var(&rawSize, "size", 0, "bytes of the decompressed content (gzip, zstd); computed when absent")
 	up.Flags().StringVar(&format, "format", "", "raw, gzip or zstd (default from the extension)")
 	up.Flags().StringVar(&id, "id", "", "store under this image ID (default: assigned)")
 	up.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
@@ -594,6 +622,39 @@ func oneLine(s string, max int) string {
 		return string(r[:max-1]) + "…"
 	}
 	return string(r)
+}
+
+// rawDigest decompresses r (format gzip or zstd) and returns the hex SHA-256
+// and length in bytes of the content.
+func rawDigest(r io.Reader, format string) (string, uint64, error) {
+	var dr io.Reader
+	switch format {
+	case "gzip":
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return "", 0, err
+		}
+		defer zr.Close()
+		dr = zr
+	case "zstd":
+		zr, err := zstd.NewReader(r)
+		if err != nil {
+			return "", 0, err
+		}
+		defer zr.Close()
+		dr = zr
+	default:
+		return "", 0, fmt.Errorf("format %q: want raw, gzip or zstd", format)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, dr)
+	if err != nil {
+		return "", 0, err
+	}
+	if n == 0 {
+		return "", 0, errors.New("the decompressed content is empty")
+	}
+	return hex.EncodeToString(h.Sum(nil)), uint64(n), nil
 }
 
 func statusCmd(o *cliOpts) *cobra.Command {

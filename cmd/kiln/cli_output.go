@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -38,11 +39,13 @@ func render(w io.Writer, format string, v any, table func(tw *tabwriter.Writer))
 		if err != nil {
 			return err
 		}
+		dec := json.NewDecoder(bytes.NewReader(js))
+		dec.UseNumber() // keep 67108864 an integer, not 6.7108864e+07
 		var generic any
-		if err := json.Unmarshal(js, &generic); err != nil {
+		if err := dec.Decode(&generic); err != nil {
 			return err
 		}
-		out, err := yaml.Marshal(generic)
+		out, err := yaml.Marshal(yamlNumbers(generic))
 		if err != nil {
 			return err
 		}
@@ -52,6 +55,31 @@ func render(w io.Writer, format string, v any, table func(tw *tabwriter.Writer))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	table(tw)
 	return tw.Flush()
+}
+
+// yamlNumbers replaces each json.Number in a decoded JSON tree with an int64
+// when it is a whole number that fits, else a float64, so YAML prints
+// integers as integers.
+func yamlNumbers(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = yamlNumbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = yamlNumbers(e)
+		}
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		if f, err := x.Float64(); err == nil {
+			return f
+		}
+		return x.String()
+	}
+	return v
 }
 
 // dash prints "-" for empty table cells.

@@ -381,3 +381,33 @@ func TestCLIEventsFollow(t *testing.T) {
 		t.Fatalf("%d events printed:\n%s", n, buf.String())
 	}
 }
+
+// `-o yaml` prints integers as integers (the JSON round trip used to turn
+// 67108864 into 6.7108864e+07); `events` shows each event's message (the
+// step names and results of a build) and `events -o json` is one compact
+// object per line.
+func TestCLIYAMLIntegersAndEventMessages(t *testing.T) {
+	e := newCLIEnv(t)
+	m := e.machine("node-y", 1, store.StateAvailable)
+	m.Discovered = &store.Hardware{MemoryBytes: 479645696, Disks: []store.Disk{{Name: "vda", SizeBytes: 67108864}}}
+	if _, err := e.f.PutMachine(context.Background(), m, store.W{}); err != nil {
+		t.Fatal(err)
+	}
+	out := e.admin("machines", "get", m.ID, "-o", "yaml")
+	if !strings.Contains(out, "size_bytes: 67108864") || !strings.Contains(out, "memory_bytes: 479645696") || strings.Contains(out, "e+") {
+		t.Fatalf("yaml numbers:\n%s", out)
+	}
+
+	e.f.AddEvent(store.Event{Subject: "machine/" + m.ID, Kind: "step", To: "succeeded", Actor: "agent",
+		Message: "write: 26214400 bytes in 1.1s\tline two\nthree"})
+	out = e.admin("events")
+	if !strings.Contains(out, "MESSAGE") || !strings.Contains(out, "write: 26214400 bytes in 1.1s line two three") {
+		t.Fatalf("events table lacks the message:\n%s", out)
+	}
+	out = e.admin("events", "-o", "json")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var ev store.Event
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &ev); err != nil || ev.Kind != "step" {
+		t.Fatalf("events -o json: last line %q is not one event: %v", lines[len(lines)-1], err)
+	}
+}

@@ -51,12 +51,19 @@ func main() {
 	if *keep {
 		kiln := filepath.Join(root, "bin/kiln")
 		env := fmt.Sprintf("KILN_TOKEN_FILE=%s/kiln-data/admin.token", *work)
+		// The commands are printed to be pasted: with sudo when the demo was
+		// started through sudo, without it in a root shell (a root-only box
+		// may have no sudo at all).
+		sudo := "sudo "
+		if os.Geteuid() == 0 && os.Getenv("SUDO_USER") == "" {
+			sudo = ""
+		}
 		fmt.Printf("\nlook around (Kiln keeps running in netns %s-srv):\n", *prefix)
-		fmt.Printf("  sudo ip netns exec %s-srv env %s %s machines list\n", *prefix, env, kiln)
-		fmt.Printf("  sudo ip netns exec %s-srv env %s %s machines get %s -o yaml\n", *prefix, env, kiln, r.MachineID)
-		fmt.Printf("  sudo ip netns exec %s-srv env %s %s events\n", *prefix, env, kiln)
-		fmt.Printf("  sudo ip netns exec %s-srv env %s %s status\n", *prefix, env, kiln)
-		fmt.Printf("tear down: sudo make demo-down\n")
+		fmt.Printf("  %sip netns exec %s-srv env %s %s machines list\n", sudo, *prefix, env, kiln)
+		fmt.Printf("  %sip netns exec %s-srv env %s %s machines get %s -o yaml\n", sudo, *prefix, env, kiln, r.MachineID)
+		fmt.Printf("  %sip netns exec %s-srv env %s %s events\n", sudo, *prefix, env, kiln)
+		fmt.Printf("  %sip netns exec %s-srv env %s %s status\n", sudo, *prefix, env, kiln)
+		fmt.Printf("tear down: %smake demo-down\n", sudo)
 	}
 }
 

@@ -1,0 +1,203 @@
+package appliance
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// freeAddrs returns n distinct free TCP addresses on 127.0.0.1.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var ls []net.Listener
+	var out []string
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return out
+}
+
+// running is an in-process appliance on loopback (embedded default, no
+// provisioning interface) with its API URL, boot URL and admin token.
+type running struct {
+	api, boot, token string
+	dataDir          string
+}
+
+func startAppliance(t *testing.T) running {
+	t.Helper()
+	addrs := freeAddrs(t, 4)
+	cfg := DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.API.Addr, cfg.Raft.Addr, cfg.Raft.ForwardAddr, cfg.Boot.HTTPAddr = addrs[0], addrs[1], addrs[2], addrs[3]
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := New(cfg, "test", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("appliance Run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("appliance did not stop within 20 s")
+		}
+	})
+	r := running{api: "http://" + addrs[0], boot: "http://" + addrs[3], dataDir: cfg.DataDir}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(r.api + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("appliance not ready within 20 s (last error %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tok, err := os.ReadFile(filepath.Join(cfg.DataDir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.token = strings.TrimSpace(string(tok))
+	return r
+}
+
+func (r running) do(t *testing.T, method, u string, body io.Reader) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, u, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+r.token)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// An image upload whose body does not match the declared SHA-256 is the
+// client's error (400 digest_mismatch), not a 500; nothing is recorded and
+// no file is left in the catalog.
+func TestImageUploadWrongDigestIsClientError(t *testing.T) {
+	r := startAppliance(t)
+	data := []byte(strings.Repeat("kiln image bytes\n", 1000))
+	good := sha256.Sum256(data)
+	wrong := sha256.Sum256([]byte("something else"))
+	up := func(name, sum string) (int, []byte) {
+		q := url.Values{"name": {name}, "version": {"1"}, "sha256": {sum}}
+		return r.do(t, http.MethodPost, r.api+"/v1/images?"+q.Encode(), strings.NewReader(string(data)))
+	}
+	code, body := up("wrongsum", hex.EncodeToString(wrong[:]))
+	var eb struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal(body, &eb); err != nil {
+		t.Fatalf("error body %q: %v", body, err)
+	}
+	if code != http.StatusBadRequest || eb.Error.Code != "digest_mismatch" {
+		t.Fatalf("wrong sha256: got %d %s, want 400 digest_mismatch", code, body)
+	}
+	if _, err := os.Stat(filepath.Join(r.dataDir, "images", "wrongsum")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a rejected upload left a file in the catalog: %v", err)
+	}
+	code, body = r.do(t, http.MethodGet, r.api+"/v1/images", nil)
+	if code != http.StatusOK || strings.Contains(string(body), "wrongsum") {
+		t.Fatalf("a rejected upload was recorded: %d %s", code, body)
+	}
+	// The same body with the right digest is accepted.
+	if code, body := up("rightsum", hex.EncodeToString(good[:])); code != http.StatusCreated {
+		t.Fatalf("good upload: %d %s", code, body)
+	}
+}
+
+// A zstd image is declared by its decompressed content (sha256 and size, the
+// bytes the agent writes and verifies). The API used to have no way to pass
+// size and the catalog insisted on the compressed bytes' digest, so no gzip
+// or zstd image could be uploaded at all.
+func TestCompressedImageUpload(t *testing.T) {
+	r := startAppliance(t)
+	raw := []byte(strings.Repeat("raw disk content ", 4096))
+	var zbuf strings.Builder
+	zw, err := zstd.NewWriter(&zbuf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zw.Write(raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(raw)
+	q := url.Values{"name": {"os.raw"}, "version": {"1"}, "format": {"zstd"}, "sha256": {hex.EncodeToString(sum[:])}}
+	code, body := r.do(t, http.MethodPost, r.api+"/v1/images?"+q.Encode(), strings.NewReader(zbuf.String()))
+	if code != http.StatusBadRequest || !strings.Contains(string(body), `"field":"size"`) {
+		t.Fatalf("zstd without size: %d %s, want 400 naming size", code, body)
+	}
+	q.Set("size", strconv.Itoa(len(raw)))
+	code, body = r.do(t, http.MethodPost, r.api+"/v1/images?"+q.Encode(), strings.NewReader(zbuf.String()))
+	if code != http.StatusCreated {
+		t.Fatalf("zstd upload: %d %s", code, body)
+	}
+	var im struct {
+		SHA256 string `json:"sha256"`
+		Size   int    `json:"size_bytes"`
+		Format string `json:"format"`
+	}
+	if err := json.Unmarshal(body, &im); err != nil {
+		t.Fatal(err)
+	}
+	if im.SHA256 != hex.EncodeToString(sum[:]) || im.Size != len(raw) || im.Format != "zstd" {
+		t.Fatalf("recorded %+v, want the raw content's sha256 and size", im)
+	}
+	// The boot listener serves the stored (compressed) bytes.
+	resp, err := http.Get(r.boot + "/images/os.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(got) != zbuf.String() {
+		t.Fatalf("GET /images/os.raw: %d, %d bytes", resp.StatusCode, len(got))
+	}
+}
