@@ -114,7 +114,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		MaxConcurrent:      cfg.BMC.Concurrency,
 		IPMICipherSuite:    cfg.BMC.IPMICipherSuite,
 		IPMIIgnoreValidBit: cfg.BMC.IPMIIgnoreValidBit,
-		Logger:             log.With("component", "bmc"),
+		Logger:             log,
 	}, reg)
 	if err != nil {
 		return nil, err
@@ -281,15 +281,15 @@ func (a *Appliance) Run(ctx context.Context) error {
 	if len(a.cfg.Raft.Join) > 0 && !a.Store.HasState() {
 		g.Go(func() error { return a.Store.JoinVia(ctx, a.cfg.Raft.Join) })
 	}
-	g.Go(func() error { return a.life.Run(ctx, a.log.With("component", "lifecycle")) })
-	g.Go(func() error { return a.api.Run(ctx, a.log.With("component", "api")) })
+	g.Go(func() error { return a.life.Run(ctx, a.log) })
+	g.Go(func() error { return a.api.Run(ctx, a.log) })
 	g.Go(func() error { return a.serveBoot(ctx) })
 	if a.tftp != nil {
-		g.Go(func() error { return a.tftp.Run(ctx, a.log.With("component", "tftp")) })
+		g.Go(func() error { return a.tftp.Run(ctx, a.log) })
 	}
 	if a.dhcp != nil {
 		g.Go(func() error { return a.dhcpB.runDiscoveries(ctx) })
-		g.Go(func() error { return a.dhcp.Run(ctx, a.log.With("component", "dhcp")) })
+		g.Go(func() error { return a.dhcp.Run(ctx, a.log) })
 	}
 	a.log.Info("kiln appliance started", "node", a.cfg.NodeID, "version", a.version,
 		"api", a.cfg.API.Addr, "boot_http", a.cfg.Boot.HTTPAddr, "interface", a.cfg.Boot.Interface,

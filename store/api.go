@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 
 	"go.etcd.io/bbolt"
@@ -394,6 +395,9 @@ const DefaultEventLimit = 1000
 func (s *Store) Events(after uint64, limit int) ([]Event, error) {
 	if limit <= 0 {
 		limit = DefaultEventLimit
+	}
+	if after == math.MaxUint64 {
+		return nil, nil // no index follows the last possible one (after+1 would wrap to 0)
 	}
 	var out []Event
 	err := s.fsm.view(func(tx *bbolt.Tx) error {
