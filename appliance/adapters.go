@@ -155,3 +155,64 @@ func (a *bmcAdapter) SetNextBootPXE(ctx context.Context, id string, mode store.B
 	}
 	return a.ctl.SetNextBootPXE(ctx, t, m)
 }
+
+// The API never shows a machine's boot-token hash: it is a credential's
+// digest, of no use to an operator. These wrappers clear it on every path
+// that returns machines to the API.
+func redact(m store.Machine) store.Machine { m.BootTokenHash = ""; return m }
+
+func redactAll(ms []store.Machine, err error) ([]store.Machine, error) {
+	for i := range ms {
+		ms[i] = redact(ms[i])
+	}
+	return ms, err
+}
+
+func (b *apiBackend) GetMachine(id string) (store.Machine, error) {
+	m, err := b.Store.GetMachine(id)
+	return redact(m), err
+}
+
+func (b *apiBackend) ListMachines(opt store.ListOptions) ([]store.Machine, string, error) {
+	ms, next, err := b.Store.ListMachines(opt)
+	ms, err = redactAll(ms, err)
+	return ms, next, err
+}
+
+// PutMachine keeps the stored boot-token hash: the API read the machine
+// redacted, so an update would otherwise clear a running agent's token. With
+// the resource version the API always sends, the record read here is the one
+// being replaced.
+func (b *apiBackend) PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error) {
+	if m.ID != "" && m.BootTokenHash == "" {
+		if cur, err := b.Store.GetMachine(m.ID); err == nil && (m.ResourceVersion == 0 || cur.ResourceVersion == m.ResourceVersion) {
+			m.BootTokenHash = cur.BootTokenHash
+		}
+	}
+	m, err := b.Store.PutMachine(ctx, m, w)
+	return redact(m), err
+}
+
+func (b *apiBackend) Provision(ctx context.Context, id string, c store.Claim, w store.W) (store.Machine, error) {
+	m, err := b.Controller.Provision(ctx, id, c, w)
+	return redact(m), err
+}
+
+func (b *apiBackend) ClaimMachines(ctx context.Context, role string, labels map[string]string, n int, c store.Claim, w store.W) ([]store.Machine, error) {
+	return redactAll(b.Controller.ClaimMachines(ctx, role, labels, n, c, w))
+}
+
+func (b *apiBackend) Release(ctx context.Context, id string, w store.W) (store.Machine, error) {
+	m, err := b.Controller.Release(ctx, id, w)
+	return redact(m), err
+}
+
+func (b *apiBackend) Erase(ctx context.Context, id string, w store.W) (store.Machine, error) {
+	m, err := b.Controller.Erase(ctx, id, w)
+	return redact(m), err
+}
+
+func (b *apiBackend) Inspect(ctx context.Context, id string, w store.W) (store.Machine, error) {
+	m, err := b.Controller.Inspect(ctx, id, w)
+	return redact(m), err
+}

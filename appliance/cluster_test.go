@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,23 +25,9 @@ type node struct {
 	token  string
 }
 
-func loopbackAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, l.Addr().String())
-		defer l.Close()
-	}
-	return out
-}
-
 func startNode(t *testing.T, id string, join []string) *node {
 	t.Helper()
-	a := loopbackAddrs(t, 4)
+	a := freeAddrs(t, 4)
 	cfg := DefaultConfig()
 	cfg.NodeID, cfg.DataDir = id, filepath.Join(t.TempDir(), id)
 	cfg.API.Addr, cfg.Raft.Addr, cfg.Raft.ForwardAddr, cfg.Boot.HTTPAddr = a[0], a[1], a[2], a[3]
@@ -129,5 +114,62 @@ func TestJoinAndWriteOnFollower(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+}
+
+// The API never returns a machine's boot-token hash, and an update through the
+// API (which read the machine redacted) keeps the stored hash.
+func TestAPIRedactsBootTokenHash(t *testing.T) {
+	n := startNode(t, "kiln-r", nil)
+	n.waitReady(t)
+	ctx := context.Background()
+	m, err := n.app.Store.PutMachine(ctx, store.Machine{Name: "r1", Intended: store.Hardware{
+		NICs: []store.NIC{{MAC: "02:00:00:00:0c:01"}}}}, store.W{Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + n.cfg.Boot.HTTPAddr + "/ipxe/02:00:00:00:0c:01") // issues a boot token
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(script), "kiln.token=") {
+		t.Fatalf("no agent script:\n%s", script)
+	}
+	stored, _ := n.app.Store.GetMachine(m.ID)
+	if stored.BootTokenHash == "" {
+		t.Fatal("no boot token hash stored")
+	}
+	api := func(method, path string, body any) (int, []byte) {
+		var rd io.Reader
+		if body != nil {
+			b, _ := json.Marshal(body)
+			rd = bytes.NewReader(b)
+		}
+		req, _ := http.NewRequest(method, "http://"+n.cfg.API.Addr+path, rd)
+		req.Header.Set("Authorization", "Bearer "+n.token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	for _, path := range []string{"/v1/machines/" + m.ID, "/v1/machines"} {
+		code, body := api("GET", path, nil)
+		if code != http.StatusOK || strings.Contains(string(body), stored.BootTokenHash) || strings.Contains(string(body), "boot_token_hash") {
+			t.Fatalf("GET %s: %d, token hash visible: %s", path, code, body)
+		}
+	}
+	code, body := api("PATCH", "/v1/machines/"+m.ID, map[string]any{"resource_version": stored.ResourceVersion, "name": "r1-renamed"})
+	if code != http.StatusOK {
+		t.Fatalf("PATCH: %d %s", code, body)
+	}
+	after, _ := n.app.Store.GetMachine(m.ID)
+	if after.Name != "r1-renamed" || after.BootTokenHash != stored.BootTokenHash {
+		t.Fatalf("after PATCH: name %q, token hash kept: %v", after.Name, after.BootTokenHash == stored.BootTokenHash)
 	}
 }
