@@ -25,11 +25,19 @@ mkdir -p "$OUT" "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
 
-KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-[ -n "$KPKG" ] || { echo "build.sh: cannot resolve the kernel package of linux-image-amd64" >&2; exit 1; }
+kpkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
+KPKG=$(kpkg)
+if [ -z "$KPKG" ] && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq   # a machine whose package lists were never fetched
+  KPKG=$(kpkg)
+fi
+[ -n "$KPKG" ] || { echo "build.sh: cannot resolve the kernel package of linux-image-amd64 (run apt-get update as root)" >&2; exit 1; }
 DEB=$(ls "$CACHE/${KPKG}"_*.deb 2>/dev/null | head -1 || true)
 if [ -z "$DEB" ]; then
-  (cd "$CACHE" && apt-get download "$KPKG")
+  if ! (cd "$CACHE" && apt-get download "$KPKG"); then
+    [ "$(id -u)" = 0 ] && apt-get update -qq
+    (cd "$CACHE" && apt-get download "$KPKG")
+  fi
   DEB=$(ls "$CACHE/${KPKG}"_*.deb | head -1)
 fi
 KTREE="$CACHE/$(basename "$DEB" .deb).x"
