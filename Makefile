@@ -1,6 +1,7 @@
 # Kiln — site-local bare-metal provisioning appliance.
 # `make help` lists the targets.
 
+SHELL     := /bin/bash
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
@@ -29,12 +30,12 @@ unit: ## Unit, protocol (netns) and VM component tests, with -race
 test: lint build env unit e2e ## Everything CI runs: lint, all tests (the env first, for VM tests), the end-to-end VM runs
 
 e2e: build env ## End to end: real VMs PXE-boot from Kiln to provisioned (BIOS and UEFI)
-	KILN_E2E=1 $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2E' ./deploy/lab/e2e/ 2>&1 | tee e2e.log | grep -E '^(e2e:|--- |=== RUN|ok|FAIL|PASS)'
-	@! grep -q '^--- FAIL' e2e.log
+	set -o pipefail; KILN_E2E=1 $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2E' ./deploy/lab/e2e/ 2>&1 | tee e2e.log | grep -E '^(e2e:|--- |=== RUN|ok|FAIL|PASS|panic)'
+	@! grep -qE '^(--- FAIL|FAIL)' e2e.log
 
 bench: ## Benchmarks next to a peer measured in the same run (bench: lines)
-	KILN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run 'TestBench' ./... 2>&1 | tee bench.log | grep -E '^bench:' ; \
-	  ! grep -qE '^(--- FAIL|FAIL)' bench.log
+	set -o pipefail; KILN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run 'TestBench' ./... 2>&1 | tee bench.log | grep -E '^bench:'
+	@! grep -qE '^(--- FAIL|FAIL)' bench.log
 
 lint: depcheck ## gofmt, go vet, import direction
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run gofmt -w on the files above"; exit 1; }
