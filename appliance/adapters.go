@@ -46,8 +46,9 @@ type bootBackend struct{ life *lifecycle.Controller }
 func (b *bootBackend) BootFor(ctx context.Context, mac net.HardwareAddr) (httpboot.Boot, error) {
 	d, err := b.life.BootFor(ctx, strings.ToLower(mac.String()))
 	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return httpboot.Boot{}, fmt.Errorf("%w: %v", httpboot.ErrUnknownMachine, err)
+		if errors.Is(err, lifecycle.ErrAgentActive) {
+			// Never displace a running agent; the machine retries shortly.
+			return httpboot.Boot{}, fmt.Errorf("%w: %v", httpboot.ErrRetryLater, err)
 		}
 		return httpboot.Boot{}, err
 	}

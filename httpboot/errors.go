@@ -10,6 +10,11 @@ var (
 	// ErrUnsafeValue: a value to be placed in an iPXE script or on the kernel
 	// command line contains a character outside its whitelist.
 	ErrUnsafeValue = errors.New("httpboot: unsafe value for iPXE script")
+	// ErrRetryLater: the Backend holds this boot for now (e.g. the machine's
+	// in-RAM agent is still running and must not lose its token). The machine
+	// gets a script that waits and fetches its script again; logged at Info,
+	// not counted as an error.
+	ErrRetryLater = errors.New("httpboot: boot held; retry later")
 	// ErrBadAction: Boot.Action is not one of agent, local, discover.
 	ErrBadAction = errors.New("httpboot: unknown boot action")
 	// ErrBadName: an image name fails validation (see ValidImageName).

@@ -2,6 +2,7 @@ package httpboot
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kiln/deploy/lab/qemuvm"
 )
 
 // TestIPXEBootsRenderedScript boots two qemu VMs in turn (TCG): "bios" is
@@ -60,22 +63,8 @@ func TestIPXEBootsRenderedScript(t *testing.T) {
 
 	// Network: host veth 10.72.5.1 (Kiln) — bridge in kbt-q* (dnsmasq 10.72.5.2) — tap (VM).
 	id := fmt.Sprintf("%d%d", os.Getpid()%10000, nsSeq.Add(1))
-	ns, vh, vc, br, tap := "kbt-q"+id, "kbtqh"+id, "kbtqc"+id, "kbtqb"+id, "kbtqt"+id
-	run(t, "ip", "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	run(t, "ip", "link", "add", vh, "type", "veth", "peer", "name", vc)
-	t.Cleanup(func() { exec.Command("ip", "link", "del", vh).Run() })
-	run(t, "ip", "link", "set", vc, "netns", ns)
-	run(t, "ip", "addr", "add", "10.72.5.1/24", "dev", vh)
-	run(t, "ip", "link", "set", vh, "up")
-	run(t, "ip", "-n", ns, "link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0")
-	run(t, "ip", "-n", ns, "addr", "add", "10.72.5.2/24", "dev", br)
-	run(t, "ip", "-n", ns, "link", "set", vc, "master", br)
-	run(t, "ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap")
-	run(t, "ip", "-n", ns, "link", "set", tap, "master", br)
-	for _, l := range []string{vc, tap, br, "lo"} {
-		run(t, "ip", "-n", ns, "link", "set", l, "up")
-	}
+	lan := qemuvm.NewNet(t, qemuvm.Net{NS: "kbt-q" + id, Host: "kbtqh" + id, Peer: "kbtqc" + id, Bridge: "kbtqb" + id,
+		Tap: "kbtqt" + id, HostCIDR: "10.72.5.1/24", BridgeCIDR: "10.72.5.2/24"})
 
 	vms := []struct{ name, mac, id string }{
 		{"bios", "52:54:00:72:05:01", "m-vm-1"},
@@ -86,8 +75,8 @@ func TestIPXEBootsRenderedScript(t *testing.T) {
 		c.KernelArgs = []string{"console=ttyS0", "panic=-1"}
 		c.AgentURL = "http://10.72.5.1:9090"
 	})
-	dargs := []string{"netns", "exec", ns, "dnsmasq", "-k", "--conf-file=/dev/null", "--port=0",
-		"--bind-interfaces", "--interface=" + br, "--dhcp-range=10.72.5.100,10.72.5.150,255.255.255.0,1h", "--no-ping",
+	dargs := []string{"netns", "exec", lan.NS, "dnsmasq", "-k", "--conf-file=/dev/null", "--port=0",
+		"--bind-interfaces", "--interface=" + lan.Bridge, "--dhcp-range=10.72.5.100,10.72.5.150,255.255.255.0,1h", "--no-ping",
 		"--dhcp-match=set:ipxe,175", "--dhcp-match=set:efihttp,option:client-arch,16",
 		"--dhcp-option-force=tag:efihttp,60,HTTPClient", "--dhcp-boot=tag:efihttp,tag:!ipxe," + e.base + "/ipxe.efi",
 		"--dhcp-leasefile=" + filepath.Join(dir, "leases"), "--user=root", "--group=root",
@@ -104,7 +93,7 @@ func TestIPXEBootsRenderedScript(t *testing.T) {
 
 	for _, vm := range vms {
 		t.Run(vm.name, func(t *testing.T) {
-			bootVM(t, ns, tap, dir, vm.name, vm.mac, []string{"kiln.url=http://10.72.5.1:9090", "kiln.machine=" + vm.id,
+			bootVM(t, lan.NS, lan.Tap, dir, vm.name, vm.mac, []string{"kiln.url=http://10.72.5.1:9090", "kiln.machine=" + vm.id,
 				"kiln.token=tok-" + vm.id, "console=ttyS0"})
 		})
 	}
@@ -124,66 +113,28 @@ func bootVM(t *testing.T, ns, tap, dir, fw, mac string, want []string) {
 	case "bios":
 		fwargs = []string{"-machine", "pc", "-device", "virtio-net-pci,netdev=n0,mac=" + mac + ",bootindex=1"}
 	case "uefi-http":
-		code, vars := "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"
-		vb, err := os.ReadFile(vars)
-		if err != nil {
-			t.Skipf("needs OVMF: %v", err)
-		}
-		varsCopy := filepath.Join(dir, fw+"-vars.fd")
-		must(t, os.WriteFile(varsCopy, vb, 0o644))
-		fwargs = []string{"-machine", "q35", "-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + code,
-			"-drive", "if=pflash,format=raw,unit=1,file=" + varsCopy,
+		fwargs = append(qemuvm.OVMF(t, filepath.Join(dir, fw+"-vars.fd")), "-machine", "q35",
 			"-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n", "-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n",
-			"-device", "virtio-net-pci,netdev=n0,mac=" + mac + ",romfile=,bootindex=1"}
+			"-device", "virtio-net-pci,netdev=n0,mac="+mac+",romfile=,bootindex=1")
 	}
 
-	serial := filepath.Join(dir, fw+"-serial.log")
-	args := append([]string{"netns", "exec", ns, "qemu-system-x86_64", "-accel", "tcg", "-m", "256",
-		"-smp", "1", "-nodefaults", "-nographic", "-monitor", "none", "-serial", "file:" + serial, "-no-reboot",
-		"-netdev", "tap,id=n0,ifname=" + tap + ",script=no,downscript=no"}, fwargs...)
-	q := exec.Command("ip", args...)
-	var qout bytes.Buffer
-	q.Stdout, q.Stderr = &qout, &qout
-	must(t, q.Start())
-	exited := make(chan struct{})
-	go func() { q.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		q.Process.Kill()
-		<-exited
-	})
+	vm := qemuvm.Start(t, ns, filepath.Join(dir, fw+"-serial.log"), append([]string{"-accel", "tcg", "-m", "256",
+		"-smp", "1", "-nodefaults", "-nographic", "-monitor", "none", "-no-reboot",
+		"-netdev", "tap,id=n0,ifname=" + tap + ",script=no,downscript=no"}, fwargs...)...)
 
 	start := time.Now()
-	deadline := time.After(180 * time.Second)
-	gone := false
-	for {
-		b, _ := os.ReadFile(serial)
-		if bytes.Contains(b, []byte("CMDLINE:")) {
-			line := string(b[bytes.Index(b, []byte("CMDLINE:")):])
-			line, _, _ = strings.Cut(line, "\n")
-			for _, w := range want {
-				if !strings.Contains(line, w) {
-					t.Fatalf("kernel command line lacks %s: %s", w, line)
-				}
-			}
-			t.Logf("%s VM booted the agent environment via Kiln's iPXE script in %s", fw, time.Since(start).Round(time.Second))
-			return
-		}
-		if gone {
-			t.Fatalf("qemu exited before the marker:\n%s\nserial:\n%s", qout.String(), tail(b))
-		}
-		select {
-		case <-exited:
-			gone = true // read the serial log once more
-		case <-deadline:
-			t.Fatalf("no marker after 180 s; serial:\n%s", tail(b))
-		case <-time.After(500 * time.Millisecond):
+	b, err := vm.Wait(180*time.Second, func(b []byte) bool { return bytes.Contains(b, []byte("CMDLINE:")) })
+	if errors.Is(err, qemuvm.ErrExited) {
+		t.Fatalf("qemu exited before the marker:\n%s\nserial:\n%s", vm.Output(), qemuvm.Tail(b, 4000))
+	} else if err != nil {
+		t.Fatalf("no marker after 180 s; serial:\n%s", qemuvm.Tail(b, 4000))
+	}
+	line := string(b[bytes.Index(b, []byte("CMDLINE:")):])
+	line, _, _ = strings.Cut(line, "\n")
+	for _, w := range want {
+		if !strings.Contains(line, w) {
+			t.Fatalf("kernel command line lacks %s: %s", w, line)
 		}
 	}
-}
-
-func tail(b []byte) string {
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
+	t.Logf("%s VM booted the agent environment via Kiln's iPXE script in %s", fw, time.Since(start).Round(time.Second))
 }

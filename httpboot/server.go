@@ -402,6 +402,9 @@ func (s *Server) handleScript(w http.ResponseWriter, r *http.Request) {
 			b = Boot{Action: ActionLocal, Hostname: "unknown-machine"}
 		}
 		log.Info("httpboot unknown machine", "mac", macs, "policy", s.cfg.UnknownPolicy)
+	case errors.Is(err, ErrRetryLater):
+		log.Info("httpboot boot held; machine told to retry", "mac", macs, "why", err)
+		script = retryScript(s.cfg.BaseURL, macs, 10)
 	case err != nil:
 		s.m.errors.WithLabelValues(ClassScript, "backend").Inc()
 		log.Error("httpboot backend failed", "mac", macs, "err", err)

@@ -264,6 +264,19 @@ func TestScriptRoutes(t *testing.T) {
 	if v := sampleValue(t, e.reg, "kiln_httpboot_errors_total", map[string]string{"class": "script", "reason": "unsafe_value"}); v != 1 {
 		t.Errorf("unsafe_value metric %v", v)
 	}
+	backendErrs := sampleValue(t, e.reg, "kiln_httpboot_errors_total", map[string]string{"class": "script", "reason": "backend"})
+	// A held boot (ErrRetryLater) gets the same wait-and-refetch script, but is
+	// not a backend error.
+	e.backend.mu.Lock()
+	e.backend.err = fmt.Errorf("%w: agent still running", ErrRetryLater)
+	e.backend.mu.Unlock()
+	if code, s = get("52:54:00:00:00:01"); code != 200 || !strings.Contains(s, "sleep 10") ||
+		!strings.Contains(s, "chain --replace --autofree "+e.base+"/ipxe/52:54:00:00:00:01") || strings.Contains(s, "kernel ") {
+		t.Fatalf("held boot: %d\n%s", code, s)
+	}
+	if v := sampleValue(t, e.reg, "kiln_httpboot_errors_total", map[string]string{"class": "script", "reason": "backend"}); v != backendErrs {
+		t.Errorf("a held boot was counted as a backend error (%v → %v)", backendErrs, v)
+	}
 
 	d := startHTTP(t, "127.0.0.1:0", func(c *Config) { c.UnknownPolicy = PolicyDiscover })
 	resp, b := do(t, "GET", d.base+"/ipxe/52:54:00:00:00:99", nil, nil)

@@ -31,6 +31,34 @@
 // agent's reboot report is recorded and keeps that deadline; a failed
 // build step (reboot included) still fails the machine.
 //
+// Per-boot tokens and live agents (DESIGN.md "Boot flow" step 4, "Safety
+// rules"): BootFor never displaces a running agent. While the machine's
+// agent has been heard from (register, task poll, report) within
+// Controller.AgentLiveWindow = max(AgentStaleAfter, 2×AgentHeartbeat) —
+// so a long write heartbeating every AgentHeartbeat stays live — BootFor
+// issues no token, leaves Machine.BootTokenHash alone and returns
+// ErrAgentActive. The appliance's httpboot backend passes that error on;
+// httpboot answers any backend error with its wait-and-retry script (sleep,
+// then chain /ipxe/{mac} again), which is exactly the wanted behaviour: a
+// machine that really rebooted gets a fresh token once the agent is stale.
+// Liveness memory is per node (the node whose boot URL the agent was given
+// hears it); a node that neither issued nor verified the current token
+// nor heard the agent uses the replicated evidence (Machine.Step written
+// by an agent step within the window) and otherwise holds the boot from
+// its first unsure request for at most one window, so a genuine boot is
+// delayed, never blocked. A BMC power action by this node ends the agent
+// (the hold stops at once). Machines with no token outstanding, machines
+// booting their disk and the DHCP path are unaffected.
+//
+// Discovery limits: BootFor records unknown MACs (UnknownMachines=discover)
+// at most DiscoverRate per second after a burst of DiscoverBurst (a token
+// bucket per node) and only while fewer than MaxDiscovered machines are in
+// state discovered (site-wide, counted from the store, whichever path made
+// them). Over a limit BootFor answers as UnknownMachines=exit (BootLocal,
+// no record). Discovered records follow the DHCP path's convention: no
+// Name, label kiln.io/discovered-by=ipxe (the DHCP path writes =dhcp and
+// kiln.io/arch; BootFor does not know the architecture).
+//
 // Every transition is written with store.W{Actor, Reason}; the store appends
 // the "transition" event. Agent step reports become "step" events and BMC
 // job state changes "job" events, appended by this package.
@@ -47,4 +75,6 @@
 //	kiln_lifecycle_transitions_total{from,to}      transitions made by this controller
 //	kiln_lifecycle_step_seconds{step,result}       histogram of agent step durations
 //	kiln_lifecycle_jobs_total{kind,result}         BMC jobs finished (succeeded|failed)
+//	kiln_lifecycle_discoveries_dropped_total{reason} unknown MACs not recorded (rate|cap)
+//	kiln_lifecycle_boots_held_total{reason}        netboots answered ErrAgentActive (agent_active|unknown|raced)
 package lifecycle

@@ -143,6 +143,9 @@ func (c *Controller) runWork(ctx context.Context, w bmcWork) {
 			failed = err
 			continue
 		}
+		if j.Kind != JobBootPXE {
+			c.agentReset(w.machine) // a power action ends any agent running on the machine
+		}
 		cctx, cancel := context.WithTimeout(ctx, c.cfg.BMCTimeout)
 		switch j.Kind {
 		case JobBootPXE:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/url"
 	"strings"
 	"sync"
@@ -40,6 +41,13 @@ var (
 	ErrNoCatalog = errors.New("lifecycle: no image catalog configured")
 	// ErrDigest: the uploaded image's SHA-256 differs from the declared one.
 	ErrDigest = errors.New("lifecycle: image digest mismatch")
+	// ErrAgentActive: BootFor refused to issue a new per-boot token because
+	// the machine's agent is (or may be) still running with the current one
+	// (heard from within Controller.AgentLiveWindow). Not a failure: the
+	// boot HTTP server answers with an iPXE script that sleeps and fetches
+	// /ipxe/{mac} again; a machine that really rebooted gets its token once
+	// the agent is stale.
+	ErrAgentActive = errors.New("lifecycle: machine's agent is active; retry the boot later")
 	// ErrConfig: Config.Validate failed; the message names the field.
 	ErrConfig = errors.New("lifecycle: invalid config")
 )
@@ -177,6 +185,9 @@ const (
 	DefaultAgentPollAfter  = 5 * time.Second
 	DefaultAgentHeartbeat  = 30 * time.Second
 	DefaultMemoryTolerance = 0.05 // discovered memory may be this fraction below intended
+	DefaultDiscoverRate    = 2.0  // new discovered records per second (per node)
+	DefaultDiscoverBurst   = 20   // discovered records created back to back
+	DefaultMaxDiscovered   = 500  // machines in state discovered, site-wide
 )
 
 // DefaultStepDeadlines are the per-step deadlines (from a step's start)
@@ -225,6 +236,16 @@ type Config struct {
 	// AgentStaleAfter: an agent not heard from for this long is presumed gone
 	// (a claim then power-cycles the machine when it has a BMC). Default 3×AgentPollAfter.
 	AgentStaleAfter time.Duration
+	// DiscoverRate (records per second) and DiscoverBurst bound the
+	// discovered records BootFor creates for unknown MACs: a token bucket
+	// per controller (node) of DiscoverBurst tokens refilled at
+	// DiscoverRate/s. MaxDiscovered caps the machines in state discovered
+	// site-wide (counted from the store, whichever path created them).
+	// Over either limit BootFor answers BootLocal and records nothing.
+	// Defaults DefaultDiscoverRate, DefaultDiscoverBurst, DefaultMaxDiscovered.
+	DiscoverRate  float64
+	DiscoverBurst int
+	MaxDiscovered int
 	// MinReadMBps is the check step's disk read floor (MB/s); 0 = none.
 	MinReadMBps float64
 	// MemoryTolerance: discovered memory may be this fraction below intended without a diff.
@@ -271,6 +292,15 @@ func (c *Config) Validate() error {
 	if c.RebootTimeout < 0 {
 		return fmt.Errorf("%w: RebootTimeout %v must be > 0", ErrConfig, c.RebootTimeout)
 	}
+	if math.IsNaN(c.DiscoverRate) || math.IsInf(c.DiscoverRate, 0) || c.DiscoverRate <= 0 {
+		return fmt.Errorf("%w: DiscoverRate %v: want > 0", ErrConfig, c.DiscoverRate)
+	}
+	if c.DiscoverBurst < 1 {
+		return fmt.Errorf("%w: DiscoverBurst %d: want >= 1", ErrConfig, c.DiscoverBurst)
+	}
+	if c.MaxDiscovered < 1 {
+		return fmt.Errorf("%w: MaxDiscovered %d: want >= 1", ErrConfig, c.MaxDiscovered)
+	}
 	if c.MemoryTolerance < 0 || c.MemoryTolerance >= 1 {
 		return fmt.Errorf("%w: MemoryTolerance %v: want 0 <= x < 1", ErrConfig, c.MemoryTolerance)
 	}
@@ -313,6 +343,15 @@ func (c *Config) applyDefaults() {
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers
 	}
+	if c.DiscoverRate == 0 {
+		c.DiscoverRate = DefaultDiscoverRate
+	}
+	if c.DiscoverBurst == 0 {
+		c.DiscoverBurst = DefaultDiscoverBurst
+	}
+	if c.MaxDiscovered == 0 {
+		c.MaxDiscovered = DefaultMaxDiscovered
+	}
 	if c.MemoryTolerance == 0 {
 		c.MemoryTolerance = DefaultMemoryTolerance
 	}
@@ -333,11 +372,23 @@ type Controller struct {
 	m   *metrics
 
 	mu       sync.Mutex
-	queue    []bmcWork          // BMC job sequences waiting for a worker
-	inflight map[string]bool    // machine IDs with a queued or running sequence
-	backoff  map[string]backoff // auto-inspection retry state per machine
-	lastSeen map[string]time.Time
-	started  map[string]time.Time // machineID + "/" + step → start (step durations)
+	queue    []bmcWork            // BMC job sequences waiting for a worker
+	inflight map[string]bool      // machine IDs with a queued or running sequence
+	backoff  map[string]backoff   // auto-inspection retry state per machine
+	lastSeen map[string]time.Time // machine ID → this node last heard its agent
+	// resetAt: machine ID → this node last power-cycled it (agent gone).
+	resetAt map[string]time.Time
+	// tokenKnown: machine ID → hash of the token this node issued or
+	// verified (its agent talks to this node, so lastSeen covers it).
+	tokenKnown map[string]string
+	// holdSince: machine ID → start of a bounded "unknown liveness" hold.
+	holdSince map[string]time.Time
+	// discTokens/discLast: the discovery token bucket. discMu serialises
+	// discoveries on this node (cap check + write).
+	discTokens float64
+	discLast   time.Time
+	discMu     sync.Mutex
+	started    map[string]time.Time // machineID + "/" + step → start (step durations)
 	// uploading holds the image names with an upload in progress on this
 	// node: a second upload of the same name is refused before it can
 	// replace the first one's file in the catalog.
@@ -370,6 +421,7 @@ func New(cfg Config, st Store, bmc BMC, reg *prometheus.Registry) (*Controller, 
 		cfg: cfg, st: st, bmc: bmc, m: m,
 		inflight: map[string]bool{}, backoff: map[string]backoff{},
 		lastSeen: map[string]time.Time{}, started: map[string]time.Time{},
+		resetAt: map[string]time.Time{}, tokenKnown: map[string]string{}, holdSince: map[string]time.Time{},
 		wake: make(chan struct{}, 1),
 		log:  slog.New(slog.DiscardHandler),
 	}, nil

@@ -11,6 +11,8 @@ type metrics struct {
 	transitions *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
 	jobs        *prometheus.CounterVec
+	discDropped *prometheus.CounterVec
+	bootHolds   *prometheus.CounterVec
 }
 
 // newMetrics builds the controller's metrics and registers them on reg (nil: unregistered).
@@ -34,11 +36,25 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 			Name: "kiln_lifecycle_jobs_total",
 			Help: "BMC jobs finished, by kind and result (succeeded|failed).",
 		}, []string{"kind", "result"}),
+		discDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kiln_lifecycle_discoveries_dropped_total",
+			Help: "Unknown MACs BootFor did not record as discovered, by reason (rate: discovery rate limit; cap: MaxDiscovered reached).",
+		}, []string{"reason"}),
+		bootHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kiln_lifecycle_boots_held_total",
+			Help: "Netboots answered with ErrAgentActive (retry later) instead of a new token, by reason (agent_active|unknown|raced).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{dropRate, dropCap} {
+		m.discDropped.WithLabelValues(r)
+	}
+	for _, r := range []string{holdAgentActive, holdUnknown, holdRaced} {
+		m.bootHolds.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.machines, m.transitions, m.steps, m.jobs} {
+	for _, c := range []prometheus.Collector{m.machines, m.transitions, m.steps, m.jobs, m.discDropped, m.bootHolds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
