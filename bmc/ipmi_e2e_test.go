@@ -1,26 +1,26 @@
 package bmc
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kiln/deploy/lab/ipmilab"
 )
 
 // ipmiLab is one ipmi_sim BMC in its own network namespace (kbm-*), whose chassis program
 // (deploy/lab/ipmi/chassis.sh) starts and stops a qemu VM.
 type ipmiLab struct {
 	ns, addr, state, wrapper string
+	bmc                      *ipmilab.BMC
 }
 
 func needBins(t *testing.T, bins ...string) {
@@ -54,55 +54,22 @@ func startIPMILab(t *testing.T, user, pass string, qemuArgs []string) *ipmiLab {
 	run(t, "ip", "-n", l.ns, "link", "set", "lo", "up")
 	run(t, "ip", "-n", l.ns, "addr", "add", l.addr+"/24", "dev", "lo")
 
-	if err := os.WriteFile(filepath.Join(l.state, "qemu.args"), []byte(strings.Join(qemuArgs, "\n")+"\n"), 0o600); err != nil {
-		t.Fatal(err)
+	logs := func() {
+		for _, n := range []string{"ipmi_sim.log", "chassis.log", "boots.log", "qemu.log"} {
+			b, _ := os.ReadFile(filepath.Join(l.state, n))
+			t.Logf("--- %s:\n%s", n, b)
+		}
 	}
-	tmpl, err := os.ReadFile(filepath.Join(labDir, "lan.conf.in"))
+	l.bmc, err = ipmilab.Start(context.Background(), ipmilab.Options{NetNS: l.ns, Name: "kbm", Addr: l.addr,
+		User: user, Password: pass, StateDir: l.state, LabDir: labDir, QEMUArgs: qemuArgs, DieWithParent: true})
 	if err != nil {
-		t.Fatal(err)
-	}
-	conf := strings.NewReplacer("@NAME@", "kbm", "@ADDR@", l.addr, "@PORT@", "623", "@USER@", user,
-		"@PASSWORD@", pass, "@CHASSIS@", filepath.Join(labDir, "chassis.sh"), "@STATEDIR@", l.state).Replace(string(tmpl))
-	confPath := filepath.Join(l.state, "lan.conf")
-	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	simState := filepath.Join(l.state, "sim")
-	if err := os.MkdirAll(simState, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(l.state, "ipmi_sim.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim := exec.Command("ip", "netns", "exec", l.ns, "ipmi_sim", "-c", confPath, "-f", filepath.Join(labDir, "bmc.emu"),
-		"-s", simState, "-n")
-	sim.Stdout, sim.Stderr = logf, logf
-	sim.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := sim.Start(); err != nil {
+		logs()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = sim.Process.Kill()
-		_ = sim.Wait()
-		logf.Close()
-		// end every VM the chassis program started (by pid, from its journal)
-		if f, err := os.Open(filepath.Join(l.state, "boots.log")); err == nil {
-			sc := bufio.NewScanner(f)
-			for sc.Scan() {
-				if fs := strings.Fields(sc.Text()); len(fs) > 1 {
-					if pid, err := strconv.Atoi(fs[1]); err == nil {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-					}
-				}
-			}
-			f.Close()
-		}
+		_ = l.bmc.Close()
 		if t.Failed() {
-			for _, n := range []string{"ipmi_sim.log", "chassis.log", "boots.log", "qemu.log"} {
-				b, _ := os.ReadFile(filepath.Join(l.state, n))
-				t.Logf("--- %s:\n%s", n, b)
-			}
+			logs()
 		}
 	})
 	// ipmitool must run inside the namespace: a wrapper bmclib can exec (it passes only
@@ -122,17 +89,8 @@ func (l *ipmiLab) chassisLog() string {
 	return string(b)
 }
 
-// bootsLog returns the chassis program's journal of VM starts.
-func (l *ipmiLab) boots() []string {
-	b, _ := os.ReadFile(filepath.Join(l.state, "boots.log"))
-	var out []string
-	for _, s := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		if s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
+// boots returns the chassis program's journal of VM starts.
+func (l *ipmiLab) boots() []string { return l.bmc.Boots() }
 
 func TestIPMIEndToEndQEMU(t *testing.T) {
 	needBins(t, "ip", "ipmi_sim", "ipmitool", "qemu-system-x86_64", "setsid")

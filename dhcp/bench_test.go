@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -77,6 +78,10 @@ func TestBenchDHCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	var keaOut syncBuf
+	// Server CPU time over all steps (user+system seconds): Kea's from
+	// /proc/PID/stat, Kiln's from this process's rusage around its steps
+	// (perfdhcp is a separate process, so it is not counted for either).
+	var keaCPU, kilnCPU, keaExch, kilnExch float64
 	keaUp := func() func() {
 		kea := exec.Command("ip", "netns", "exec", l.srvNS, "kea-dhcp4", "-c", confPath)
 		kea.Env = append(os.Environ(), "KEA_PIDFILE_DIR="+dir, "KEA_LOCKFILE_DIR="+dir)
@@ -92,7 +97,11 @@ func TestBenchDHCP(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		return func() { kea.Process.Signal(os.Interrupt); kea.Wait() }
+		return func() {
+			keaCPU += procCPU(t, kea.Process.Pid) // read before it exits
+			kea.Process.Signal(os.Interrupt)
+			kea.Wait()
+		}
 	}
 
 	// Interleave the two servers rate by rate so both see the same machine
@@ -101,14 +110,20 @@ func TestBenchDHCP(t *testing.T) {
 	kilnFails, keaFails := 0, 0
 	for _, r := range benchRates {
 		if kilnFails < 2 {
+			c0 := selfCPU()
 			down := kilnUp()
-			kilnFails = stepOnce(t, l, "kiln", r, &kiln, kilnFails)
+			var got float64
+			kilnFails, got = stepOnce(t, l, "kiln", r, &kiln, kilnFails)
 			down()
+			kilnCPU += selfCPU() - c0
+			kilnExch += got * float64(benchStep)
 		}
 		if keaFails < 2 {
 			down := keaUp()
-			keaFails = stepOnce(t, l, "kea", r, &keaRate, keaFails)
+			var got float64
+			keaFails, got = stepOnce(t, l, "kea", r, &keaRate, keaFails)
 			down()
+			keaExch += got * float64(benchStep)
 		}
 		if kilnFails >= 2 && keaFails >= 2 {
 			break
@@ -143,10 +158,36 @@ func TestBenchDHCP(t *testing.T) {
 		ratio = kiln / keaRate
 	}
 	fmt.Printf("bench: dhcp_dora_per_s kiln=%.0f peer=%.0f unit=exchanges/s ratio=%.2f\n", kiln, keaRate, ratio)
+	if kilnExch > 0 && keaExch > 0 {
+		k, p := 1e6*kilnCPU/kilnExch, 1e6*keaCPU/keaExch // server CPU µs per DORA exchange
+		fmt.Printf("bench: dhcp_cpu_us_per_dora_lower_is_better kiln=%.1f peer=%.1f unit=us ratio=%.2f\n", k, p, k/p)
+	}
+}
+
+// selfCPU is this process's user+system CPU time in seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// procCPU is process pid's user+system CPU time in seconds (/proc/PID/stat
+// fields 14 and 15, in clock ticks of 1/100 s on Linux).
+func procCPU(t *testing.T, pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Logf("cpu of %d: %v", pid, err)
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from 3 (state) on
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100
 }
 
 var (
-	benchRates   = []int{500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000}
+	benchRates   = []int{500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000, 12000, 14000, 16000, 20000}
 	benchStep    = 3 // seconds per rate step
 	benchClients = 30000
 	reRate       = regexp.MustCompile(`Rate: ([0-9.]+) 4-way exchanges/second`)
@@ -155,8 +196,8 @@ var (
 
 // stepOnce runs perfdhcp at rate r for benchStep seconds; it raises *best to
 // the achieved DORA rate when both drop ratios are under 1% and returns the
-// updated count of consecutive failing steps.
-func stepOnce(t *testing.T, l *lab, name string, r int, best *float64, fails int) int {
+// updated count of consecutive failing steps and the achieved rate.
+func stepOnce(t *testing.T, l *lab, name string, r int, best *float64, fails int) (int, float64) {
 	rcvErrs := func() string {
 		out, _ := exec.Command("ip", "netns", "exec", l.srvNS, "sh", "-c", "grep ^Udp: /proc/net/snmp | tail -1").Output()
 		f := strings.Fields(string(out))
@@ -175,7 +216,7 @@ func stepOnce(t *testing.T, l *lab, name string, r int, best *float64, fails int
 	dm := reDrops.FindAllSubmatch(out, -1)
 	if rm == nil || len(dm) < 2 {
 		t.Logf("%s r=%d: unparsable perfdhcp output:\n%s", name, r, out)
-		return 2
+		return 2, 0
 	}
 	rate, _ := strconv.ParseFloat(string(rm[1]), 64)
 	d1, _ := strconv.ParseFloat(string(dm[0][1]), 64)
@@ -187,9 +228,9 @@ func stepOnce(t *testing.T, l *lab, name string, r int, best *float64, fails int
 	}
 	if pass {
 		*best = max(*best, rate)
-		return 0
+		return 0, rate
 	}
-	return fails + 1
+	return fails + 1, rate
 }
 
 func labelString(ls []*dto.LabelPair) string {

@@ -18,9 +18,17 @@ func (o *cliOpts) call(cmd *cobra.Command, method, path string, body, out any, t
 	if err != nil {
 		return err
 	}
+	return o.send(cmd, cl, method, path, nil, body, "", out, table)
+}
+
+// send is call on a client the command already built (commands that check
+// their flags only once the client flags are known good), with a query q and
+// the body's content type ctype as in client.do. One request, bounded by
+// requestTimeout; out receives the answer and is rendered with table().
+func (o *cliOpts) send(cmd *cobra.Command, cl *client, method, path string, q url.Values, body any, ctype string, out any, table func() func(*tabwriter.Writer)) error {
 	ctx, cancel := timeout(cmd)
 	defer cancel()
-	if err := cl.do(ctx, method, path, nil, body, "", out); err != nil {
+	if err := cl.do(ctx, method, path, q, body, ctype, out); err != nil {
 		return err
 	}
 	return render(cmd.OutOrStdout(), o.output, out, table())

@@ -215,17 +215,10 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 		Short: "Show one machine",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := o.client()
-			if err != nil {
-				return err
-			}
 			var m store.Machine
-			ctx, cancel := timeout(cmd)
-			defer cancel()
-			if err := cl.do(ctx, "GET", "/v1/machines/"+url.PathEscape(args[0]), nil, nil, "", &m); err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), o.output, m, machineDetail(m))
+			return o.call(cmd, "GET", "/v1/machines/"+url.PathEscape(args[0]), nil, &m, func() func(*tabwriter.Writer) {
+				return machineDetail(m)
+			})
 		},
 	}
 
@@ -255,13 +248,10 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				claim.UserData = string(b)
 			}
 			var m store.Machine
-			ctx, cancel := timeout(cmd)
-			defer cancel()
-			if err := cl.do(ctx, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/provision", nil,
-				api.ProvisionRequest{Claim: claim, Reason: reason}, "", &m); err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), o.output, m, machineTable([]store.Machine{m}))
+			return o.send(cmd, cl, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/provision", nil,
+				api.ProvisionRequest{Claim: claim, Reason: reason}, "", &m, func() func(*tabwriter.Writer) {
+					return machineTable([]store.Machine{m})
+				})
 		},
 	}
 	prov.Flags().StringVar(&claim.Image, "image", "", "image ID (required)")
@@ -294,18 +284,11 @@ func actionCmd(o *cliOpts, verb, short string) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := o.client()
-			if err != nil {
-				return err
-			}
 			var m store.Machine
-			ctx, cancel := timeout(cmd)
-			defer cancel()
-			if err := cl.do(ctx, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/"+verb, nil,
-				api.ActionRequest{Reason: reason, Message: message}, "", &m); err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), o.output, m, machineTable([]store.Machine{m}))
+			return o.call(cmd, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/"+verb,
+				api.ActionRequest{Reason: reason, Message: message}, &m, func() func(*tabwriter.Writer) {
+					return machineTable([]store.Machine{m})
+				})
 		},
 	}
 	c.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
@@ -347,15 +330,12 @@ any bad row imports nothing; each bad row is printed with its line and field.`,
 				r = f
 			}
 			var res api.ImportResult
-			ctx, cancel := timeout(cmd)
-			defer cancel()
-			if err := cl.do(ctx, "POST", "/v1/machines/import", url.Values{"format": {format}}, r, "application/octet-stream", &res); err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), o.output, res, func(tw *tabwriter.Writer) {
-				fmt.Fprintf(tw, "imported %d machine(s)\n", res.Created)
-				for _, id := range res.IDs {
-					row(tw, id)
+			return o.send(cmd, cl, "POST", "/v1/machines/import", url.Values{"format": {format}}, r, "application/octet-stream", &res, func() func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					fmt.Fprintf(tw, "imported %d machine(s)\n", res.Created)
+					for _, id := range res.IDs {
+						row(tw, id)
+					}
 				}
 			})
 		},
@@ -371,20 +351,13 @@ func imagesCmd(o *cliOpts) *cobra.Command {
 		Short: "List images",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := o.client()
-			if err != nil {
-				return err
-			}
 			var il api.ImageList
-			ctx, cancel := timeout(cmd)
-			defer cancel()
-			if err := cl.do(ctx, "GET", "/v1/images", nil, nil, "", &il); err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), o.output, il, func(tw *tabwriter.Writer) {
-				row(tw, "ID", "NAME", "VERSION", "FORMAT", "SIZE", "SHA256")
-				for _, im := range il.Items {
-					row(tw, im.ID, im.Name, im.Version, im.Format, im.Size, short(im.SHA256))
+			return o.call(cmd, "GET", "/v1/images", nil, &il, func() func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					row(tw, "ID", "NAME", "VERSION", "FORMAT", "SIZE", "SHA256")
+					for _, im := range il.Items {
+						row(tw, im.ID, im.Name, im.Version, im.Format, im.Size, short(im.SHA256))
+					}
 				}
 			})
 		},
@@ -663,40 +636,33 @@ func statusCmd(o *cliOpts) *cobra.Command {
 		Short: "Site status: machines by state, failures, versions, raft health",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := o.client()
-			if err != nil {
-				return err
-			}
 			var st api.SiteStatus
-			ctx, cancel := timeout(cmd)
-			defer cancel()
-			if err := cl.do(ctx, "GET", "/v1/site/status", nil, nil, "", &st); err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), o.output, st, func(tw *tabwriter.Writer) {
-				role := "follower"
-				if st.Raft.IsLeader {
-					role = "leader"
-				}
-				ready := "ready"
-				if !st.Raft.Ready {
-					ready = "NOT READY"
-				}
-				row(tw, "Version:", st.Version)
-				row(tw, "Raft:", role, "leader="+dash(st.Raft.Leader), ready)
-				row(tw, "Machines:", st.Total)
-				for _, s := range store.AllStates {
-					if n := st.Counts[s]; n > 0 {
-						row(tw, "  "+string(s)+":", n)
+			return o.call(cmd, "GET", "/v1/site/status", nil, &st, func() func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					role := "follower"
+					if st.Raft.IsLeader {
+						role = "leader"
 					}
-				}
-				for _, im := range st.Images {
-					row(tw, "Image:", im.ID, im.Name+" "+im.Version)
-				}
-				if len(st.Failures) > 0 {
-					row(tw, "Failures:")
-					for _, f := range st.Failures {
-						row(tw, "  "+f.ID, dash(f.Name), dash(f.Rack), dash(f.Reason), f.Message)
+					ready := "ready"
+					if !st.Raft.Ready {
+						ready = "NOT READY"
+					}
+					row(tw, "Version:", st.Version)
+					row(tw, "Raft:", role, "leader="+dash(st.Raft.Leader), ready)
+					row(tw, "Machines:", st.Total)
+					for _, s := range store.AllStates {
+						if n := st.Counts[s]; n > 0 {
+							row(tw, "  "+string(s)+":", n)
+						}
+					}
+					for _, im := range st.Images {
+						row(tw, "Image:", im.ID, im.Name+" "+im.Version)
+					}
+					if len(st.Failures) > 0 {
+						row(tw, "Failures:")
+						for _, f := range st.Failures {
+							row(tw, "  "+f.ID, dash(f.Name), dash(f.Rack), dash(f.Reason), f.Message)
+						}
 					}
 				}
 			})
@@ -741,14 +707,11 @@ of shell history and ps.`,
 				return errors.New("no BMC password: use --password-file, --password-stdin or KILN_BMC_PASSWORD")
 			}
 			var b store.BMC
-			ctx, cancel := timeout(cmd)
-			defer cancel()
-			if err := cl.do(ctx, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/bmc", nil, req, "", &b); err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), o.output, b, func(tw *tabwriter.Writer) {
-				row(tw, "ID", "ADDRESS", "DRIVER", "USERNAME")
-				row(tw, b.ID, b.Address, b.Driver, b.Username)
+			return o.send(cmd, cl, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/bmc", nil, req, "", &b, func() func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					row(tw, "ID", "ADDRESS", "DRIVER", "USERNAME")
+					row(tw, b.ID, b.Address, b.Driver, b.Username)
+				}
 			})
 		},
 	}

@@ -52,6 +52,43 @@ func buildKiln(t *testing.T) string {
 	return bin
 }
 
+// serveNode is one `kiln serve` node's files: the binary, its kiln.yaml and
+// data directory, and the API address (127.0.0.1:PORT) in that config.
+type serveNode struct {
+	bin, cfg, data, apiAddr string
+}
+
+// newServeNode builds kiln and writes a one-node config (node ID nodeID, free
+// 127.0.0.1 ports for the API, raft, raft forwarding and HTTP boot; the raft
+// cluster bootstrapped when bootstrap) in a temp dir. It skips in -short.
+func newServeNode(t *testing.T, nodeID string, bootstrap bool) *serveNode {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the kiln binary")
+	}
+	bin := buildKiln(t)
+	dir := t.TempDir()
+	n := &serveNode{bin: bin, cfg: filepath.Join(dir, "kiln.yaml"), data: filepath.Join(dir, "data")}
+	p := freePorts(t, 4)
+	n.apiAddr = fmt.Sprintf("127.0.0.1:%d", p[0])
+	boot := ""
+	if bootstrap {
+		boot = "  bootstrap: true\n"
+	}
+	body := fmt.Sprintf("node_id: %s\ndata_dir: %s\napi:\n  addr: %s\nraft:\n  addr: 127.0.0.1:%d\n  forward_addr: 127.0.0.1:%d\n%sboot:\n  http_addr: 127.0.0.1:%d\n",
+		nodeID, n.data, n.apiAddr, p[1], p[2], boot, p[3])
+	if err := os.WriteFile(n.cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// start runs `kiln serve` on n and waits until it is ready (see startServe).
+func (n *serveNode) start(t *testing.T) *served {
+	t.Helper()
+	return startServe(t, n.bin, n.cfg, n.data, n.apiAddr)
+}
+
 func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *served {
 	t.Helper()
 	s := &served{api: "http://" + apiAddr, log: &bytes.Buffer{}}
@@ -115,21 +152,8 @@ func (s *served) do(method, path string, body any, out any) (int, error) {
 // four writers stream machine creations through the API, restarts it on the
 // same data directory and requires every acknowledged (201) write to be there.
 func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the kiln binary")
-	}
-	bin := buildKiln(t)
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	p := freePorts(t, 4)
-	apiAddr := fmt.Sprintf("127.0.0.1:%d", p[0])
-	cfg := filepath.Join(dir, "kiln.yaml")
-	body := fmt.Sprintf("node_id: crash-1\ndata_dir: %s\napi:\n  addr: %s\nraft:\n  addr: 127.0.0.1:%d\n  forward_addr: 127.0.0.1:%d\n  bootstrap: true\nboot:\n  http_addr: 127.0.0.1:%d\n",
-		data, apiAddr, p[1], p[2], p[3])
-	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := startServe(t, bin, cfg, data, apiAddr)
+	n := newServeNode(t, "crash-1", true)
+	s := n.start(t)
 
 	var mu sync.Mutex
 	var acked []string
@@ -185,7 +209,7 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 		t.Fatalf("only %d writes acknowledged before the kill; log:\n%s", len(acked), s.log)
 	}
 
-	s2 := startServe(t, bin, cfg, data, apiAddr)
+	s2 := n.start(t)
 	missing := 0
 	for _, id := range acked {
 		code, err := s2.do("GET", "/v1/machines/"+id, nil, nil)
@@ -205,26 +229,13 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 // TestServeCorruptDataFileNamesIt: a garbled FSM file stops start-up with an
 // error naming the file, and the file is left as it was (no silent reset).
 func TestServeCorruptDataFileNamesIt(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the kiln binary")
-	}
-	bin := buildKiln(t)
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	p := freePorts(t, 4)
-	apiAddr := fmt.Sprintf("127.0.0.1:%d", p[0])
-	cfg := filepath.Join(dir, "kiln.yaml")
-	body := fmt.Sprintf("node_id: c-1\ndata_dir: %s\napi:\n  addr: %s\nraft:\n  addr: 127.0.0.1:%d\n  forward_addr: 127.0.0.1:%d\nboot:\n  http_addr: 127.0.0.1:%d\n",
-		data, apiAddr, p[1], p[2], p[3])
-	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := startServe(t, bin, cfg, data, apiAddr)
+	n := newServeNode(t, "c-1", false)
+	s := n.start(t)
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	_ = s.cmd.Wait()
 
 	var victims []string
-	_ = filepath.Walk(data, func(p string, fi os.FileInfo, err error) error {
+	_ = filepath.Walk(n.data, func(p string, fi os.FileInfo, err error) error {
 		if err == nil && !fi.IsDir() && strings.HasSuffix(p, ".db") {
 			victims = append(victims, p)
 		}
@@ -242,7 +253,7 @@ func TestServeCorruptDataFileNamesIt(t *testing.T) {
 		if err := os.WriteFile(v, garbled, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command(bin, "serve", "--config", cfg).CombinedOutput()
+		out, err := exec.Command(n.bin, "serve", "--config", n.cfg).CombinedOutput()
 		if err == nil {
 			t.Fatalf("kiln serve started on a garbled %s", v)
 		}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"kiln/api"
+	"kiln/deploy/lab/ipmilab"
 	"kiln/deploy/lab/labimage"
 	"kiln/deploy/lab/labnet"
 	"kiln/store"
@@ -512,43 +513,14 @@ func startBMC(ctx context.Context, o Options, lab *labnet.Lab, disk string) (add
 	args := qemuArgs(o, disk)
 	switch o.BMC {
 	case "ipmi":
-		if err := os.WriteFile(filepath.Join(stateDir, "qemu.args"), []byte(strings.Join(args, "\n")+"\n"), 0o644); err != nil {
+		// Left running: the lab's teardown ends it with everything in the
+		// namespace (and the demo keeps it up).
+		if _, err := ipmilab.Start(ctx, ipmilab.Options{NetNS: lab.LAN, ProbeNetNS: lab.Srv, Name: "kiln-lab-bmc",
+			Addr: labnet.BMCAddr, User: bmcUser, Password: bmcPass, StateDir: stateDir,
+			LabDir: filepath.Join(o.Root, "deploy/lab/ipmi"), QEMUArgs: args}); err != nil {
 			return "", "", "", err
 		}
-		labDir := filepath.Join(o.Root, "deploy/lab/ipmi")
-		tmpl, err := os.ReadFile(filepath.Join(labDir, "lan.conf.in"))
-		if err != nil {
-			return "", "", "", err
-		}
-		conf := strings.NewReplacer("@NAME@", "kiln-lab-bmc", "@ADDR@", labnet.BMCAddr, "@PORT@", "623",
-			"@USER@", bmcUser, "@PASSWORD@", bmcPass, "@CHASSIS@", filepath.Join(labDir, "chassis.sh"),
-			"@STATEDIR@", stateDir).Replace(string(tmpl))
-		confPath := filepath.Join(stateDir, "lan.conf")
-		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
-			return "", "", "", err
-		}
-		logf, err := os.Create(filepath.Join(stateDir, "ipmi_sim.log"))
-		if err != nil {
-			return "", "", "", err
-		}
-		cmd := exec.Command("ip", "netns", "exec", lab.LAN, "ipmi_sim", "-c", confPath,
-			"-f", filepath.Join(labDir, "bmc.emu"), "-n", "-s", stateDir)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			logf.Close()
-			return "", "", "", err
-		}
-		go func() { _ = cmd.Wait(); logf.Close() }()
-		// ipmi_sim is ready when it answers on UDP 623.
-		for i := 0; i < 50; i++ {
-			probe := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Srv, "ipmitool", "-I", "lanplus", "-C", "3",
-				"-H", labnet.BMCAddr, "-U", bmcUser, "-P", bmcPass, "-N", "1", "-R", "1", "chassis", "power", "status")
-			if probe.Run() == nil {
-				return labnet.BMCAddr, "ipmi", stateDir, nil
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		return "", "", "", fmt.Errorf("ipmi_sim did not answer on %s:623 (see %s)", labnet.BMCAddr, filepath.Join(stateDir, "ipmi_sim.log"))
+		return labnet.BMCAddr, "ipmi", stateDir, nil
 	case "redfish":
 		if err := os.WriteFile(filepath.Join(stateDir, "qemu.args"), []byte(strings.Join(args, "\n")+"\n"), 0o644); err != nil {
 			return "", "", "", err

@@ -1,0 +1,155 @@
+package qemuvm
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Errors of VM.Wait.
+var (
+	// ErrExited: qemu ended before the marker appeared on the serial console.
+	ErrExited = errors.New("qemuvm: qemu exited before the marker")
+	// ErrTimeout: the marker did not appear in time.
+	ErrTimeout = errors.New("qemuvm: no marker in time")
+)
+
+// Net names one lab network: host veth Host (address HostCIDR) paired with
+// Peer inside namespace NS, where Peer and Tap are ports of bridge Bridge
+// (address BridgeCIDR). Interface names are at most 15 bytes.
+type Net struct {
+	NS, Host, Peer, Bridge, Tap string
+	HostCIDR, BridgeCIDR        string // e.g. "10.72.5.1/24", "10.72.5.2/24"
+}
+
+// NewNet creates n (namespace, veth pair, bridge without STP and forward
+// delay, tap, all up) and removes it in t.Cleanup. It fails t on any ip error.
+func NewNet(t testing.TB, n Net) Net {
+	t.Helper()
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	ip("netns", "add", n.NS)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.NS).Run() })
+	ip("link", "add", n.Host, "type", "veth", "peer", "name", n.Peer)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", n.Host).Run() })
+	ip("link", "set", n.Peer, "netns", n.NS)
+	ip("addr", "add", n.HostCIDR, "dev", n.Host)
+	ip("link", "set", n.Host, "up")
+	ip("-n", n.NS, "link", "add", n.Bridge, "type", "bridge", "stp_state", "0", "forward_delay", "0")
+	ip("-n", n.NS, "addr", "add", n.BridgeCIDR, "dev", n.Bridge)
+	ip("-n", n.NS, "link", "set", n.Peer, "master", n.Bridge)
+	ip("-n", n.NS, "tuntap", "add", "dev", n.Tap, "mode", "tap")
+	ip("-n", n.NS, "link", "set", n.Tap, "master", n.Bridge)
+	for _, l := range []string{n.Peer, n.Tap, n.Bridge, "lo"} {
+		ip("-n", n.NS, "link", "set", l, "up")
+	}
+	return n
+}
+
+// OVMF firmware files (Debian package ovmf).
+const (
+	OVMFCode = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+	OVMFVars = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+)
+
+// OVMF copies the OVMF variable store to varsCopy and returns the qemu
+// arguments for the two pflash drives (code read-only, the copy writable).
+// It skips t when OVMF is not installed.
+func OVMF(t testing.TB, varsCopy string) []string {
+	t.Helper()
+	if _, err := os.Stat(OVMFCode); err != nil {
+		t.Skipf("needs OVMF (package ovmf): %v", err)
+	}
+	vb, err := os.ReadFile(OVMFVars)
+	if err != nil {
+		t.Skipf("needs OVMF (package ovmf): %v", err)
+	}
+	if err := os.WriteFile(varsCopy, vb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + OVMFCode,
+		"-drive", "if=pflash,format=raw,unit=1,file=" + varsCopy}
+}
+
+// VM is one running qemu-system-x86_64.
+type VM struct {
+	Serial string // file holding the serial console
+	mu     sync.Mutex
+	out    bytes.Buffer // qemu's stdout and stderr
+	exited chan struct{}
+}
+
+// Start runs `ip netns exec ns qemu-system-x86_64 -serial file:SERIAL ARGS...`
+// and kills it in t.Cleanup. args are the machine, firmware, network and
+// devices; the serial console goes to serial.
+func Start(t testing.TB, ns, serial string, args ...string) *VM {
+	t.Helper()
+	v := &VM{Serial: serial, exited: make(chan struct{})}
+	q := exec.Command("ip", append([]string{"netns", "exec", ns, "qemu-system-x86_64", "-serial", "file:" + serial}, args...)...)
+	q.Stdout, q.Stderr = (*lockedWriter)(v), (*lockedWriter)(v)
+	if err := q.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = q.Wait(); close(v.exited) }()
+	t.Cleanup(func() {
+		_ = q.Process.Kill()
+		<-v.exited
+	})
+	return v
+}
+
+type lockedWriter VM
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.out.Write(p)
+}
+
+// Output is what qemu has printed on stdout and stderr so far.
+func (v *VM) Output() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.out.String()
+}
+
+// Wait reads the serial console every 500 ms until found(console) is true
+// and returns the console then. When qemu ends first (read once more after
+// it ended) the error is ErrExited, when d passes ErrTimeout; the console as
+// last read is returned with either.
+func (v *VM) Wait(d time.Duration, found func(console []byte) bool) ([]byte, error) {
+	deadline := time.After(d)
+	gone := false
+	for {
+		b, _ := os.ReadFile(v.Serial)
+		if found(b) {
+			return b, nil
+		}
+		if gone {
+			return b, ErrExited
+		}
+		select {
+		case <-v.exited:
+			gone = true // read the serial log once more
+		case <-deadline:
+			return b, ErrTimeout
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Tail is the last max bytes of b, for failure messages.
+func Tail(b []byte, max int) string {
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
+}
