@@ -115,7 +115,7 @@ func bootVM(t *testing.T, imgMiB int, bench bool) vmResult {
 	}
 	serial := filepath.Join(dir, "serial.log")
 	appendArgs := fmt.Sprintf("console=ttyS0,115200 quiet %s=%s %s=vm-1 %s=%s", agentapi.ArgURL, guestURL, agentapi.ArgMachine, agentapi.ArgToken, testToken)
-	args := []string{"-accel", "tcg", "-m", "512", "-smp", "2", "-nodefaults", "-nographic", "-monitor", "none",
+	args := []string{"-accel", "tcg", "-cpu", "max", "-m", "512", "-smp", "2", "-nodefaults", "-nographic", "-monitor", "none",
 		"-serial", "file:" + serial, "-no-reboot", "-kernel", kernel, "-initrd", initrd,
 		"-drive", "file=" + res.diskFile + ",format=raw,if=none,id=d0,cache=unsafe",
 		"-device", "virtio-blk-pci,drive=d0,serial=KILNVM01",

@@ -478,7 +478,7 @@ const (
 
 // qemuArgs is the VM: network first (bootindex 1), then its virtio disk.
 func qemuArgs(o Options, disk string) []string {
-	args := []string{"qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-smp", "1", "-uuid", vmUUID,
+	args := []string{"qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "512", "-smp", "1", "-uuid", vmUUID,
 		"-nodefaults", "-nographic", "-monitor", "none"}
 	if o.Firmware == "uefi" {
 		vars := filepath.Join(o.Work, "OVMF_VARS.fd")
