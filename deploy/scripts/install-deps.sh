@@ -38,8 +38,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   # Services from these packages (kea, nginx, dnsmasq) must not start on the host:
   # the tests start their own instances inside network namespaces.
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
-  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 echo "install-deps: all ${#pkgs[@]} packages present"
