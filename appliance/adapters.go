@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"kiln/api"
 	"kiln/appliance/lifecycle"
@@ -19,6 +20,7 @@ import (
 type apiBackend struct {
 	*store.Store
 	*lifecycle.Controller
+	bmc     *bmcAdapter // reads BMC inventory after an enrollment; nil = none
 	version string
 }
 
@@ -216,4 +218,82 @@ func (b *apiBackend) Erase(ctx context.Context, id string, w store.W) (store.Mac
 func (b *apiBackend) Inspect(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	m, err := b.Controller.Inspect(ctx, id, w)
 	return redact(m), err
+}
+
+// Inventory asks the machine's BMC what it knows of the machine (Redfish
+// ComputerSystem and EthernetInterfaces). bmc.ErrUnsupported where the BMC
+// offers none (IPMI here).
+func (a *bmcAdapter) Inventory(ctx context.Context, id string) (bmc.Inventory, error) {
+	t, err := a.target(id)
+	if err != nil {
+		return bmc.Inventory{}, err
+	}
+	return a.ctl.Inventory(ctx, t)
+}
+
+// bmcInventoryTimeout bounds the inventory read that follows an enrollment.
+const bmcInventoryTimeout = 15 * time.Second
+
+// EnrollBMC enrolls the BMC, then reads the BMC's inventory (serial, vendor,
+// model, UUID, NIC MACs) into the machine's discovered fields, so the site
+// team sees what stands in the slot before it ever boots. The agent's
+// inspection later replaces them with its fuller report. An inventory that
+// fails is recorded as an event and does not undo the enrollment.
+func (b *apiBackend) EnrollBMC(ctx context.Context, machineID string, rec store.BMC, password string, w store.W) (store.BMC, error) {
+	out, err := b.Controller.EnrollBMC(ctx, machineID, rec, password, w)
+	if err != nil || b.bmc == nil {
+		return out, err
+	}
+	ictx, cancel := context.WithTimeout(ctx, bmcInventoryTimeout)
+	defer cancel()
+	inv, ierr := b.bmc.Inventory(ictx, machineID)
+	switch {
+	case errors.Is(ierr, bmc.ErrUnsupported):
+		return out, nil
+	case ierr != nil:
+		_ = b.Store.AppendEvents(ctx, []store.Event{{Subject: "machine/" + machineID, Kind: "bmc_inventory",
+			To: "failed", Actor: w.Actor, Reason: bmc.Reason(ierr), Message: ierr.Error()}})
+		return out, nil
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		m, err := b.Store.GetMachine(machineID)
+		if err != nil {
+			return out, nil
+		}
+		mergeBMCInventory(&m, inv)
+		if _, err = b.Store.PutMachine(ctx, m, store.W{Actor: "bmc", Reason: "bmc_inventory"}); !errors.Is(err, store.ErrConflict) {
+			return out, nil
+		}
+	}
+	return out, nil
+}
+
+// mergeBMCInventory fills m.Discovered from a BMC's inventory where the BMC
+// offered a value; NICs it lists are added if not already known.
+func mergeBMCInventory(m *store.Machine, inv bmc.Inventory) {
+	if m.Discovered == nil {
+		m.Discovered = &store.Hardware{}
+	}
+	d := m.Discovered
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&d.Serial, inv.Serial)
+	set(&d.Vendor, inv.Manufacturer)
+	set(&d.Model, inv.Model)
+	set(&d.UUID, inv.UUID)
+	for _, mac := range inv.NICMACs {
+		known := false
+		for _, n := range d.NICs {
+			if strings.EqualFold(n.MAC, mac) {
+				known = true
+				break
+			}
+		}
+		if !known {
+			d.NICs = append(d.NICs, store.NIC{MAC: strings.ToLower(mac)})
+		}
+	}
 }

@@ -126,6 +126,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	}
 	baseURL := "http://" + cfg.Boot.HTTPAddr
 
+	bmcA := &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}
 	life, err := lifecycle.New(lifecycle.Config{
 		ImageBaseURL:       baseURL,
 		UnknownMachines:    cfg.Boot.UnknownMachines,
@@ -136,7 +137,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
 		Sealer:             sealerAdapter{sealer},
 		Catalog:            catalogAdapter{catalog},
-	}, st, &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}, reg)
+	}, st, bmcA, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +175,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 			{Err: httpboot.ErrBadDigest, Status: http.StatusBadRequest, Code: "invalid"},
 			{Err: httpboot.ErrBadName, Status: http.StatusBadRequest, Code: "invalid"},
 		},
-	}, &apiBackend{Store: st, Controller: life, version: version}, reg, log)
+	}, &apiBackend{Store: st, Controller: life, bmc: bmcA, version: version}, reg, log)
 	if err != nil {
 		return nil, err
 	}
