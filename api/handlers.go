@@ -340,6 +340,9 @@ func validateMachineFields(rackUnit int, labels map[string]string, h *store.Hard
 }
 
 func (s *Server) listMachines(c echo.Context) error {
+	if err := s.maybeBarrier(c); err != nil {
+		return err
+	}
 	limit, err := queryInt(c, "limit", s.cfg.DefaultListLimit, 1, s.cfg.MaxListLimit)
 	if err != nil {
 		return err
@@ -369,7 +372,33 @@ func (s *Server) listMachines(c echo.Context) error {
 	return c.JSON(http.StatusOK, MachineList{Items: items, Next: next})
 }
 
+// consistentReader is implemented by backends that can make a read current
+// (the store's Barrier: forwarded to the leader, then wait for the local
+// replica to apply). Reads default to the local replica.
+type consistentReader interface {
+	Barrier(ctx context.Context) error
+}
+
+// maybeBarrier honours ?consistent=true (documented in /v1/openapi.json).
+func (s *Server) maybeBarrier(c echo.Context) error {
+	switch c.QueryParam("consistent") {
+	case "", "false":
+		return nil
+	case "true":
+	default:
+		return invalid("consistent", "want true or false")
+	}
+	cr, ok := s.b.(consistentReader)
+	if !ok {
+		return nil // the backend's reads are always current
+	}
+	return cr.Barrier(c.Request().Context())
+}
+
 func (s *Server) getMachine(c echo.Context) error {
+	if err := s.maybeBarrier(c); err != nil {
+		return err
+	}
 	m, err := s.b.GetMachine(c.Param("id"))
 	if err != nil {
 		return err

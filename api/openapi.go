@@ -39,6 +39,7 @@ type docOp struct {
 var (
 	pID         = docParam{Name: "id"}
 	pLimit      = docParam{Name: "limit", Type: "integer", Desc: "page size (items)"}
+	pConsistent = docParam{Name: "consistent", Type: "boolean", Desc: "true: read only after this node has applied everything the leader has committed (a raft barrier through the leader); default: the local replica"}
 	pAfterS     = docParam{Name: "after", Type: "string", Desc: "cursor: the next value of the previous page"}
 	pImageQuery = []docParam{
 		{Name: "name", Type: "string", Desc: "image name (required)"},
@@ -74,7 +75,7 @@ var docOps = []docOp{
 	{Method: "POST", Path: "/v1/machines/import", Summary: "Import a purchase record / rack plan (all or nothing)", Role: RoleAdmin,
 		Query: []docParam{{Name: "format", Type: "string", Desc: "csv | json | netbox"}}, RawBody: "text/csv", Status: 201, Resp: ImportResult{}},
 	{Method: "POST", Path: "/v1/machines/claim", Summary: "Claim N available machines by role and labels, and provision them", Role: RoleOperator, Body: ClaimRequest{}, Status: 202, Resp: ClaimResponse{}},
-	{Method: "GET", Path: "/v1/machines/{id}", Summary: "Get a machine", Role: RoleViewer, Status: 200, Resp: store.Machine{}},
+	{Method: "GET", Path: "/v1/machines/{id}", Summary: "Get a machine", Role: RoleViewer, Query: []docParam{pConsistent}, Status: 200, Resp: store.Machine{}},
 	{Method: "PATCH", Path: "/v1/machines/{id}", Summary: "Update intended fields (resource_version required, 409 on conflict)", Role: RoleAdmin, Body: MachinePatch{}, Status: 200, Resp: store.Machine{}},
 	{Method: "POST", Path: "/v1/machines/{id}/provision", Summary: "Provision an available machine with a claim", Role: RoleOperator, Body: ProvisionRequest{}, Status: 202, Resp: store.Machine{}},
 	{Method: "POST", Path: "/v1/machines/{id}/release", Summary: "Release a machine (erase, then available)", Role: RoleOperator, Body: ActionRequest{}, Status: 202, Resp: store.Machine{}},

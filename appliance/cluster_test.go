@@ -102,6 +102,28 @@ func TestJoinAndWriteOnFollower(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated || m.ID == "" {
 		t.Fatalf("create on the follower: HTTP %d", resp.StatusCode)
 	}
+	// A consistent read on either node sees the acknowledged write at once.
+	for _, n := range []*node{b, a} {
+		req, _ := http.NewRequest("GET", "http://"+n.cfg.API.Addr+"/v1/machines/"+m.ID+"?consistent=true", nil)
+		req.Header.Set("Authorization", "Bearer "+n.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("consistent read on %s: HTTP %d", n.cfg.NodeID, resp.StatusCode)
+		}
+	}
+	req, _ = http.NewRequest("GET", "http://"+b.cfg.API.Addr+"/v1/machines?consistent=perhaps", nil)
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("consistent=perhaps: HTTP %d, want 400", resp.StatusCode)
+	}
 	for _, n := range []*node{a, b} {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
