@@ -28,7 +28,7 @@ type Image struct {
 // Build writes a raw image of fsMiB MiB of ext4 plus 1 MiB for the partition
 // table at dir/name.img. marker is stored as /kiln-marker.
 func Build(dir, name string, fsMiB int, marker string) (Image, error) {
-	for _, tool := range []string{"mkfs.ext4", "sfdisk"} {
+	for _, tool := range []string{"mkfs.ext4", "debugfs", "sfdisk"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return Image{}, fmt.Errorf("labimage: %s missing (apt-get install e2fsprogs fdisk): %w", tool, err)
 		}
@@ -56,6 +56,20 @@ func Build(dir, name string, fsMiB int, marker string) (Image, error) {
 	cmd.Env = append(os.Environ(), "E2FSPROGS_FAKE_TIME=1700000000")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return Image{}, fmt.Errorf("labimage: mkfs.ext4: %v: %s", err, out)
+	}
+	// mkfs -d copies each file's ctime, which no syscall can set: pin the
+	// inode times with debugfs so the same inputs give the same bytes.
+	var cmds strings.Builder
+	for _, p := range []string{"/", "/etc", "/etc/os-release", "/kiln-marker", "/lost+found"} {
+		for _, f := range []string{"ctime", "atime", "mtime", "crtime"} {
+			fmt.Fprintf(&cmds, "sif %s %s 0x6553f100\n", p, f)
+		}
+	}
+	dbg := exec.Command("debugfs", "-w", "-f", "-", fsPath)
+	dbg.Stdin = strings.NewReader(cmds.String())
+	dbg.Env = append(os.Environ(), "E2FSPROGS_FAKE_TIME=1700000000")
+	if out, err := dbg.CombinedOutput(); err != nil {
+		return Image{}, fmt.Errorf("labimage: debugfs: %v: %s", err, out)
 	}
 	img := filepath.Join(dir, name+".img")
 	f, err := os.Create(img)
