@@ -157,6 +157,7 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 
 	var mu sync.Mutex
 	var acked []string
+	other := map[int]int{} // non-201 answers by status, for the failure message
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
@@ -180,16 +181,19 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 				if err != nil {
 					return // the server is gone; this write was not acknowledged
 				}
+				mu.Lock()
 				if code == http.StatusCreated && m.ID != "" {
-					mu.Lock()
 					acked = append(acked, m.ID)
-					mu.Unlock()
+				} else {
+					other[code]++
 				}
+				mu.Unlock()
 			}
 		}(w)
 	}
-	// Let writes flow, then kill in the middle of the stream.
-	deadline := time.Now().Add(15 * time.Second)
+	// Let writes flow, then kill in the middle of the stream. Under -race on a
+	// loaded 2-core machine a write can take ~100 ms: wait for up to 30 s.
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		mu.Lock()
 		n := len(acked)
@@ -205,8 +209,8 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 	_ = s.cmd.Wait()
 	close(stop)
 	wg.Wait()
-	if len(acked) < 50 {
-		t.Fatalf("only %d writes acknowledged before the kill; log:\n%s", len(acked), s.log)
+	if len(acked) < 20 {
+		t.Fatalf("only %d writes acknowledged before the kill (other answers by status: %v); log:\n%s", len(acked), other, s.log)
 	}
 
 	s2 := n.start(t)
