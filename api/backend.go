@@ -12,8 +12,7 @@ import (
 // Backend is everything the REST API needs from the rest of the appliance:
 // the store's reads and intended-field writes, plus the lifecycle
 // controller's operations. The appliance implements it with an adapter that
-// forwards to *store.Store and lifecycle.Controller (see
-// /work/prompts/backend-iface.md for the contract).
+// forwards to *store.Store and lifecycle.Controller (appliance/adapters.go).
 //
 // Errors: implementations return (possibly wrapped) store.ErrNotFound,
 // store.ErrConflict, store.ErrNotLeader, *store.IllegalTransitionError,

@@ -13,7 +13,7 @@ import (
 // same message type, transaction ID and chaddr.
 func FuzzHandle(f *testing.F) {
 	for _, name := range []string{"seabios-ipxe-rom.pcap", "ovmf-ipxe-efi-rom.pcap", "ovmf-uefi-http-boot.pcap"} {
-		for _, p := range pcapPayloads(f, filepath.Join("/work/shared/testdata/dhcp", name)) {
+		for _, p := range pcapPayloads(f, filepath.Join("testdata", name)) {
 			f.Add(p)
 		}
 	}

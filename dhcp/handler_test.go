@@ -298,7 +298,7 @@ func TestProxyMode(t *testing.T) {
 // TestFirmwareCaptures replays the client packets of real firmware captures
 // through the handler and checks the boot answer of each.
 func TestFirmwareCaptures(t *testing.T) {
-	dir := "/work/shared/testdata/dhcp"
+	dir := "testdata"
 	want := map[string][]string{
 		"seabios-ipxe-rom.pcap":    {"http://10.71.0.1:8080/ipxe/"},
 		"ovmf-ipxe-efi-rom.pcap":   {"http://10.71.0.1:8080/ipxe/"},
