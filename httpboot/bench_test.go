@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -204,8 +205,22 @@ http {
 	must(t, os.WriteFile(filepath.Join(tmp, "nginx.conf"), []byte(conf), 0o644))
 	cmd := exec.Command("nginx", "-c", filepath.Join(tmp, "nginx.conf"), "-p", tmp)
 	cmd.Stderr = os.Stderr
+	// Its own process group: the workers must end with the master (a SIGKILLed
+	// master leaves them running).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	must(t, cmd.Start())
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() {
+		pgid := cmd.Process.Pid
+		_ = syscall.Kill(-pgid, syscall.SIGTERM) // nginx's fast shutdown, workers included
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGKILL) // whatever is left of the group
+		<-done
+	})
 	for i := 0; i < 100; i++ {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
