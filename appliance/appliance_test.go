@@ -1,13 +1,11 @@
 package appliance
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -16,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -49,53 +46,10 @@ type running struct {
 
 func startAppliance(t *testing.T) running {
 	t.Helper()
-	addrs := freeAddrs(t, 4)
-	cfg := DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.API.Addr, cfg.Raft.Addr, cfg.Raft.ForwardAddr, cfg.Boot.HTTPAddr = addrs[0], addrs[1], addrs[2], addrs[3]
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := New(cfg, "test", log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("appliance Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("appliance did not stop within 20 s")
-		}
-	})
-	r := running{api: "http://" + addrs[0], boot: "http://" + addrs[3], dataDir: cfg.DataDir}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(r.api + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("appliance not ready within 20 s (last error %v)", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	tok, err := os.ReadFile(filepath.Join(cfg.DataDir, "admin.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.token = strings.TrimSpace(string(tok))
-	return r
+	n := startNode(t, DefaultNodeID, nil)
+	n.waitReady(t)
+	return running{api: "http://" + n.cfg.API.Addr, boot: "http://" + n.cfg.Boot.HTTPAddr,
+		dataDir: n.cfg.DataDir, token: n.token}
 }
 
 func (r running) do(t *testing.T, method, u string, body io.Reader) (int, []byte) {

@@ -47,9 +47,12 @@ func startNode(t *testing.T, id string, join []string) *node {
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-n.done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("node %s did not stop", id)
+		case err := <-n.done:
+			if err != nil {
+				t.Errorf("node %s: Run: %v", id, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("node %s did not stop within 20 s", id)
 		}
 	})
 	tok, err := os.ReadFile(cfg.API.AdminTokenFile)
