@@ -54,12 +54,18 @@ func startAppliance(t *testing.T) running {
 
 func (r running) do(t *testing.T, method, u string, body io.Reader) (int, []byte) {
 	t.Helper()
+	return httpDo(t, r.token, method, u, "application/octet-stream", body)
+}
+
+// httpDo sends one request with a bearer token and returns status and body.
+func httpDo(t *testing.T, token, method, u, ctype string, body io.Reader) (int, []byte) {
+	t.Helper()
 	req, err := http.NewRequest(method, u, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+r.token)
-	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", ctype)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -172,16 +172,7 @@ func TestAPIRedactsBootTokenHash(t *testing.T) {
 			b, _ := json.Marshal(body)
 			rd = bytes.NewReader(b)
 		}
-		req, _ := http.NewRequest(method, "http://"+n.cfg.API.Addr+path, rd)
-		req.Header.Set("Authorization", "Bearer "+n.token)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return httpDo(t, n.token, method, "http://"+n.cfg.API.Addr+path, "application/json", rd)
 	}
 	for _, path := range []string{"/v1/machines/" + m.ID, "/v1/machines"} {
 		code, body := api("GET", path, nil)
