@@ -11,7 +11,7 @@ pkgs=(
   isc-dhcp-client udhcpc iproute2 tcpdump curl atftp tftp-hpa dnsmasq
   busybox-static bc openssl python3 radvd
   # disks and images (agent tests, env build)
-  e2fsprogs dosfstools mtools fdisk gdisk util-linux zstd gzip cpio xz-utils
+  e2fsprogs dosfstools mtools fdisk gdisk util-linux zstd gzip cpio xz-utils kmod
   # peers measured in benchmarks and perfdhcp used by DHCP tests
   kea-dhcp4-server kea-admin nginx
 )
