@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Kiln's tests, benchmarks and lab need. Idempotent:
-# packages already present are skipped, and apt runs only when something is missing.
-# Usage: deploy/scripts/install-deps.sh [--bench]
+# Installs the Debian packages Kiln's scripts, build, tests, benchmarks and lab need: every package
+# named in deploy/scripts/packages.tsv, the one table of the commands and paths the repository uses
+# (`make deps-check` proves it covers them). Idempotent: packages already present are skipped, and
+# apt runs only when something is missing.
+# Usage: deploy/scripts/install-deps.sh           install what is missing (as root; otherwise name it and exit 1)
+#        deploy/scripts/install-deps.sh --list    print the packages it installs, one a line, and exit
 set -euo pipefail
+table="$(dirname "$0")/packages.tsv"
+mapfile -t pkgs < <(awk -F'\t' '!/^#/ && NF >= 2 && $2 != "-" {print $2}' "$table" | sort -u)
+[ ${#pkgs[@]} -gt 0 ] || { echo "install-deps: no packages in $table" >&2; exit 1; }
 
-pkgs=(
-  # the lab: firmware, VMs, BMC
-  qemu-system-x86 qemu-utils ipxe-qemu ovmf seabios openipmi ipmitool
-  # real protocol clients and tools
-  isc-dhcp-client udhcpc iproute2 tcpdump curl atftp tftp-hpa dnsmasq
-  busybox-static bc openssl python3 radvd
-  # disks and images (agent tests, env build)
-  e2fsprogs dosfstools mtools fdisk gdisk util-linux zstd gzip cpio xz-utils kmod
-  # peers measured in benchmarks and perfdhcp used by DHCP tests
-  kea-dhcp4-server kea-admin nginx
-)
+case "${1:-}" in
+  --list) printf '%s\n' "${pkgs[@]}"; exit 0 ;;
+  "") ;;
+  *) echo "usage: $0 [--list]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -36,7 +36,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # Services from these packages (kea, nginx, dnsmasq) must not start on the host:
+  # Services from these packages (kea, nginx) must not start on the host:
   # the tests start their own instances inside network namespaces.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
