@@ -12,7 +12,7 @@ TEST_TIMEOUT ?= 30m
 E2E_TIMEOUT  ?= 20m
 FW           ?= bios
 
-.PHONY: help build test unit e2e bench lint depcheck ci env demo demo-down deps clean
+.PHONY: help build test unit e2e bench lint depcheck deps-check ci env demo demo-down deps clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -44,7 +44,7 @@ lint: depcheck ## gofmt, go vet, import direction
 depcheck: ## Imports point one way (CONVENTIONS.md 1)
 	$(GO) run ./deploy/scripts/depcheck
 
-ci: ## What CI runs: install dependencies, then the README's test command
+ci: ## What CI runs: deps-check, install dependencies, then the README's test command
 	.ci/run
 
 demo: deps build env ## The README's first command: a VM PXE-boots from Kiln to provisioned
@@ -55,6 +55,9 @@ demo-down: ## Tear down the lab the demo left running
 
 deps: ## Install the Debian packages Kiln's tests and lab need (idempotent; root)
 	deploy/scripts/install-deps.sh
+
+deps-check: ## Every command the scripts, build and tests call: on a fresh machine or from install-deps
+	$(GO) run ./deploy/scripts/pkgcheck
 
 clean: ## Remove build outputs
 	rm -rf $(BIN) build e2e.log bench.log
