@@ -132,10 +132,10 @@ var fixedPath = regexp.MustCompile(`^/(usr/)?(s?bin|lib|libexec|share)/[^\s"'$*]
 
 func newGoScan(s *scanner, module string) *goScan {
 	return &goScan{s: s, module: module, pkgVals: map[string]map[string]ast.Expr{}, tmpls: map[string][]tmpl{},
-		tmplIDs: map[string]bool{}, applied: map[string]bool{}, maxAlts: 32, maxDepth: 10}
+		tmplIDs: map[string]bool{}, applied: map[string]bool{}, maxAlts: 256, maxDepth: 10}
 }
 
-func (g *goScan) addFile(root, rel string, src []byte) error {
+func (g *goScan) addFile(rel string, src []byte) error {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, rel, src, 0)
 	if err != nil {
@@ -351,15 +351,21 @@ func (g *goScan) argList(gf *goFile, ctx *fnCtx, args []ast.Expr, spread bool, d
 	return alts
 }
 
+// product joins every alternative of a with every one of b (equal results
+// once), at most maxAlts of them.
 func (g *goScan) product(a, b [][]val) [][]val {
 	var out [][]val
+	seen := map[string]bool{}
 	for _, x := range a {
 		for _, y := range b {
 			if len(out) >= g.maxAlts {
 				return out
 			}
 			z := append(append([]val{}, x...), y...)
-			out = append(out, z)
+			if id := (tmpl{vals: z}).id(); !seen[id] {
+				seen[id] = true
+				out = append(out, z)
+			}
 		}
 	}
 	return out

@@ -276,7 +276,7 @@ func scanRepo(root string) (*scanner, error) {
 			if err != nil {
 				return err
 			}
-			return g.addFile(root, r, src)
+			return g.addFile(r, src)
 		case name == "Makefile" || name == "GNUmakefile" || strings.HasSuffix(name, ".mk"):
 			makefiles = append(makefiles, r)
 		default:
