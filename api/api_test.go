@@ -359,10 +359,26 @@ func TestUnknownFieldsRejected(t *testing.T) {
 	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable {
 		t.Fatalf("state changed through PATCH: %s", got.State)
 	}
-	// Malformed and trailing JSON.
+	// Malformed JSON.
 	h.want(h.do("POST", "/v1/sites", adminTok, `{"name":`), 400, CodeBadJSON)
-	h.want(h.do("POST", "/v1/sites", adminTok, `{"name":"a"}{"name":"b"}`), 400, CodeBadJSON)
 	h.want(h.do("POST", "/v1/sites", adminTok, ``), 400, CodeBadJSON)
+	// Anything after the one JSON value is refused, naming the problem and
+	// creating nothing (issue 20: `{"name":"a"} xyz` was accepted).
+	before, _ := h.f.ListSites()
+	for _, body := range []string{`{"name":"a"} xyz`, `{"name":"a"}{"name":"b"}`, `{"name":"a"}}`, `{"name":"a"}` + "\n\x00", `{"name":"a"} "s"`} {
+		r := h.do("POST", "/v1/sites", adminTok, body)
+		h.want(r, 400, CodeTrailingData)
+		if !strings.Contains(r.err().Message, "after the JSON value") {
+			t.Fatalf("%q: message %q", body, r.err().Message)
+		}
+	}
+	if after, _ := h.f.ListSites(); len(after) != len(before) {
+		t.Fatalf("a body with trailing data created a site: %d → %d", len(before), len(after))
+	}
+	// Trailing whitespace is no data (RFC 8259 section 2).
+	h.want(h.do("POST", "/v1/sites", adminTok, "{\"name\":\"ws\"} \r\n\t "), 201, "")
+	// Body-optional actions: whitespace only is an empty body, garbage is not.
+	h.want(h.do("POST", "/v1/machines/"+m.ID+"/inspect", operatorTok, `{} x`), 400, CodeTrailingData)
 }
 
 func TestStaleResourceVersionConflicts(t *testing.T) {

@@ -2,7 +2,8 @@
 // and steer machines, and the in-RAM agent's way to report.
 //
 // It owns HTTP only: routing (echo/v4), bearer-token auth with roles, JSON
-// decoding that rejects unknown fields, validation that names the field, the
+// decoding that rejects unknown fields and anything after the one value
+// (400 trailing_data), validation that names the field, the
 // one error handler that maps errors to statuses and stable codes, request
 // metrics with bounded labels, /metrics, /healthz, /readyz and the OpenAPI
 // 3.0 document at /v1/openapi.json. Everything else goes through Backend,

@@ -30,6 +30,9 @@ var (
 	ErrUnknownField = errors.New("unknown field")
 	// ErrBadJSON: a JSON body did not parse (400 "bad_json").
 	ErrBadJSON = errors.New("malformed JSON body")
+	// ErrTrailingData: a JSON body holds something after its one value: a
+	// second value or any other non-whitespace bytes (400 "trailing_data").
+	ErrTrailingData = errors.New("data after the JSON value")
 	// ErrTooLarge: a body exceeded its size limit (413 "too_large").
 	ErrTooLarge = errors.New("request body too large")
 	// ErrBadConfig: Config.Validate rejected the configuration.
@@ -41,6 +44,7 @@ const (
 	CodeInvalid           = "invalid"
 	CodeUnknownField      = "unknown_field"
 	CodeBadJSON           = "bad_json"
+	CodeTrailingData      = "trailing_data"
 	CodeUnauthorized      = "unauthorized"
 	CodeForbidden         = "forbidden"
 	CodeNotFound          = "not_found"
@@ -152,6 +156,8 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 			code = CodeUnknownField
 		case errors.Is(ve, ErrBadJSON):
 			code = CodeBadJSON
+		case errors.Is(ve, ErrTrailingData):
+			code = CodeTrailingData
 		}
 		return http.StatusBadRequest, ErrorDetail{Code: code, Message: ve.Error(), Field: ve.Field}
 	case errors.Is(err, ErrInvalid), errors.Is(err, intake.ErrFormat), errors.Is(err, intake.ErrEmpty),
@@ -215,9 +221,12 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	}
 }
 
-// decodeJSON reads one JSON value from the request body into v, limited to
-// max bytes. Unknown fields are rejected naming the field; type errors name
-// the field. An empty body is allowed when allowEmpty.
+// decodeJSON is the one decoder of JSON request bodies. It reads exactly one
+// JSON value from the body into v, limited to max bytes, and then the rest
+// of the body, which may hold only whitespace (RFC 8259 section 2): a second
+// value or any other bytes after the first are ErrTrailingData. Unknown
+// fields are rejected naming the field; type errors name the field. An
+// empty body is allowed when allowEmpty.
 func decodeJSON(c echo.Context, max int64, v any, allowEmpty bool) error {
 	r := c.Request()
 	body := http.MaxBytesReader(c.Response(), r.Body, max)
@@ -226,11 +235,32 @@ func decodeJSON(c echo.Context, max int64, v any, allowEmpty bool) error {
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err, allowEmpty)
 	}
-	var extra json.RawMessage
-	if err := dec.Decode(&extra); err == nil {
-		return &ValidationError{Msg: "body holds more than one JSON value", Kind: ErrBadJSON}
+	return onlyWhitespace(io.MultiReader(dec.Buffered(), body), dec.InputOffset())
+}
+
+// onlyWhitespace reads r to its end and fails at the first byte that is not
+// JSON whitespace (space, tab, line feed, carriage return). off is the body
+// offset of r's first byte, for the message.
+func onlyWhitespace(r io.Reader, off int64) error {
+	buf := make([]byte, 512)
+	for {
+		n, err := r.Read(buf)
+		for i, b := range buf[:n] {
+			switch b {
+			case ' ', '\t', '\n', '\r':
+			default:
+				return &ValidationError{Kind: ErrTrailingData,
+					Msg: fmt.Sprintf("data after the JSON value at byte %d; send exactly one JSON value", off+int64(i))}
+			}
+		}
+		off += int64(n)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return jsonError(err, false)
+		}
 	}
-	return nil
 }
 
 // jsonError turns an encoding/json error into a *ValidationError naming the field.
