@@ -915,3 +915,66 @@ func FuzzHandlers(f *testing.F) {
 		}
 	})
 }
+
+// TestFreeTextRefused: names and free-text fields with control characters,
+// bidirectional controls, newlines or excess length are refused naming the
+// field (issue 20: POST /v1/machines took NUL, ESC, U+202E, newlines and a
+// 100 KB name, which import refuses), and nothing is created.
+func TestFreeTextRefused(t *testing.T) {
+	h := newHarness(t)
+	m := h.machine("n1", "52:54:00:00:00:01", store.StateAvailable, nil)
+	im := h.image([]byte("img"))
+	bad := map[string]string{"NUL": "a\x00b", "ESC": "esc\x1b[31mred", "U+202E": "rtl\u202eevil", "newline": "two\nlines",
+		"100KB": strings.Repeat("x", 100<<10)}
+	mac := 0x10
+	for what, v := range bad {
+		mac++
+		spec := MachineSpec{Name: v, Intended: store.Hardware{NICs: []store.NIC{{MAC: fmt.Sprintf("52:54:00:00:01:%02x", mac)}}}}
+		r := h.do("POST", "/v1/machines", adminTok, spec)
+		h.want(r, 400, CodeInvalid)
+		if r.err().Field != "name" {
+			t.Fatalf("%s name: field %q (%s)", what, r.err().Field, r.body)
+		}
+		if bytes.ContainsAny(r.body, "\x00\x1b\u202e") {
+			t.Fatalf("%s: the error echoes the raw character: %q", what, r.body)
+		}
+	}
+	if ms, _, _ := h.f.ListMachines(store.ListOptions{}); len(ms) != 1 {
+		t.Fatalf("%d machines, want only the harness's one", len(ms))
+	}
+	esc := "x\x1by"
+	for _, tc := range []struct {
+		method, path, tok string
+		body              any
+		field             string
+	}{
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Rack: esc, Intended: store.Hardware{Serial: "S9"}}, "rack"},
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Intended: store.Hardware{Serial: esc}}, "intended.serial"},
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Intended: store.Hardware{Serial: "S9", Vendor: "\u202e"}}, "intended.vendor"},
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Labels: map[string]string{"k": "a\nb"}, Intended: store.Hardware{Serial: "S9"}}, "labels.k"},
+		{"PATCH", "/v1/machines/" + m.ID, adminTok, map[string]any{"resource_version": m.ResourceVersion, "name": "a\x00"}, "name"},
+		{"PATCH", "/v1/machines/" + m.ID, adminTok, map[string]any{"resource_version": m.ResourceVersion, "site": esc}, "site"},
+		{"POST", "/v1/sites", adminTok, SiteSpec{Name: esc}, "name"},
+		{"POST", "/v1/sites", adminTok, SiteSpec{Name: "s", Description: "\u2066"}, "description"},
+		{"POST", "/v1/racks", adminTok, RackSpec{Site: "s", Name: "r", Row: esc}, "row"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Hostname: "a\x1b"}}, "claim.hostname"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Role: esc}}, "claim.role"},
+		{"POST", "/v1/machines/" + m.ID + "/erase", operatorTok, ActionRequest{Message: esc}, "message"},
+		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1\x1b", Username: "u", Password: "p"}, "address"},
+		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1", Username: esc, Password: "p"}, "username"},
+	} {
+		r := h.do(tc.method, tc.path, tc.tok, tc.body)
+		h.want(r, 400, CodeInvalid)
+		if r.err().Field != tc.field {
+			t.Errorf("%s %s: field %q, want %q (%s)", tc.method, tc.path, r.err().Field, tc.field, r.body)
+		}
+	}
+	r := h.do("POST", "/v1/images?name=a&version=1%1B&sha256="+strings.Repeat("a", 64), adminTok, "data")
+	h.want(r, 400, CodeInvalid)
+	if r.err().Field != "version" {
+		t.Fatalf("image version: %s", r.body)
+	}
+	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable || got.Name != "n1" {
+		t.Fatalf("machine changed: %+v", got)
+	}
+}

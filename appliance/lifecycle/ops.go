@@ -7,11 +7,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
-	"net/netip"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 
 	"kiln/appliance/intake"
@@ -55,8 +52,6 @@ func (c *Controller) Import(ctx context.Context, r io.Reader, format string, w s
 	return res, nil
 }
 
-var hostnameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
-
 // checkClaim validates a claim and that its image exists.
 func (c *Controller) checkClaim(cl store.Claim) error {
 	if cl.Image == "" {
@@ -68,8 +63,10 @@ func (c *Controller) checkClaim(cl store.Claim) error {
 		}
 		return err
 	}
-	if cl.Hostname != "" && (len(cl.Hostname) > 253 || !hostnameRe.MatchString(cl.Hostname)) {
-		return fmt.Errorf("%w: claim.hostname %q: want a lower-case DNS name", ErrInvalid, cl.Hostname)
+	if cl.Hostname != "" {
+		if err := intake.CheckHostname(cl.Hostname); err != nil {
+			return fmt.Errorf("%w: claim.hostname: %v", ErrInvalid, err)
+		}
 	}
 	return nil
 }
@@ -312,8 +309,8 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 	if !bmcDrivers[b.Driver] {
 		return store.BMC{}, fmt.Errorf("%w: driver %q: want redfish, ipmi or auto", ErrInvalid, b.Driver)
 	}
-	if err := checkAddress(b.Address); err != nil {
-		return store.BMC{}, fmt.Errorf("%w: address %q: %v", ErrInvalid, b.Address, err)
+	if err := intake.CheckHostPort(b.Address); err != nil {
+		return store.BMC{}, fmt.Errorf("%w: address: %v", ErrInvalid, err)
 	}
 	if b.Username == "" {
 		return store.BMC{}, fmt.Errorf("%w: username is required", ErrInvalid)
@@ -359,23 +356,6 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 		}
 	}
 	return out, nil
-}
-
-func checkAddress(a string) error {
-	host := a
-	if h, p, err := net.SplitHostPort(a); err == nil {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return errors.New("bad port")
-		}
-		host = h
-	}
-	if _, err := netip.ParseAddr(host); err == nil {
-		return nil
-	}
-	if host == "" || len(host) > 253 || !hostnameRe.MatchString(strings.ToLower(host)) {
-		return errors.New("want host or host:port")
-	}
-	return nil
 }
 
 var imageNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
