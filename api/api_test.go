@@ -242,31 +242,38 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 		return agentapi.Report{MachineID: id, Step: agentapi.StepInspect, State: agentapi.StateSucceeded}
 	}
 
-	// A's token, body names B, no header: refused.
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID)), 403, CodeForbidden)
+	// No X-Kiln-Machine header: refused before the body is read (the token
+	// is checked against the header's machine), whatever the body names.
+	r := h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID))
+	h.want(r, 400, CodeInvalid)
+	if r.err().Field != HeaderMachine {
+		t.Fatalf("no header: %s", r.body)
+	}
+	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID)), 400, CodeInvalid)
 	// A's token, header A, body B: refused.
 	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID), HeaderMachine, a.ID), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}, HeaderMachine, a.ID), 403, CodeForbidden)
 	// A's token, header B: refused before the body is read.
 	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID), HeaderMachine, b.ID), 403, CodeForbidden)
 	h.want(h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, b.ID), 403, CodeForbidden)
-	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}, HeaderMachine, b.ID), 403, CodeForbidden)
 	if n := len(h.f.Reports(b.ID)); n != 0 {
 		t.Fatalf("B got %d reports from A's token", n)
 	}
 	// An admin token is not an agent token.
-	h.want(h.do("POST", "/v1/agent/report", adminTok, rep(a.ID)), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/report", adminTok, rep(a.ID), HeaderMachine, a.ID), 403, CodeForbidden)
 	// No token: 401.
-	h.want(h.do("POST", "/v1/agent/report", "", rep(a.ID)), 401, CodeUnauthorized)
+	h.want(h.do("POST", "/v1/agent/report", "", rep(a.ID), HeaderMachine, a.ID), 401, CodeUnauthorized)
 	// An agent token is not an API token.
 	h.want(h.do("GET", "/v1/machines", "tok-a", nil), 401, CodeUnauthorized)
 
-	// A for A: accepted, with and without the header.
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID)), 204, "")
+	// A for A: accepted, with and without the body's machine_id.
+	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID), HeaderMachine, a.ID), 204, "")
 	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(""), HeaderMachine, a.ID), 204, "")
 	if got := h.f.Reports(a.ID); len(got) != 2 || got[1].MachineID != a.ID {
 		t.Fatalf("A reports %+v", got)
 	}
-	r := h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, a.ID)
+	r = h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, a.ID)
 	h.want(r, 200, "")
 	var task agentapi.Task
 	r.into(t, &task)
@@ -274,7 +281,7 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 		t.Fatalf("task %+v", task)
 	}
 	h.want(h.do("GET", "/v1/agent/task", "tok-a", nil), 400, CodeInvalid)
-	r = h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: a.ID, AgentVersion: "1"})
+	r = h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: a.ID, AgentVersion: "1"}, HeaderMachine, a.ID)
 	h.want(r, 200, "")
 	r.into(t, &task)
 	if task.Action != agentapi.ActionInspect {
@@ -283,7 +290,7 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 	// Messages are sanitised and truncated.
 	long := agentapi.Report{MachineID: a.ID, Step: agentapi.StepWrite, State: agentapi.StateFailed,
 		Reason: agentapi.ReasonWriteFailed, Message: "bad\x1b[31m\n" + strings.Repeat("é", 600)}
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", long), 204, "")
+	h.want(h.do("POST", "/v1/agent/report", "tok-a", long, HeaderMachine, a.ID), 204, "")
 	got := h.f.Reports(a.ID)
 	msg := got[len(got)-1].Message
 	if len(msg) > agentapi.MaxMessageLen || strings.ContainsAny(msg, "\x1b\n") || !strings.HasPrefix(msg, "bad ") {
@@ -330,7 +337,7 @@ func TestValidationNamesField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := h.do(tc.method, tc.path, tc.token, tc.body)
+			r := h.do(tc.method, tc.path, tc.token, tc.body, HeaderMachine, m.ID) // the header matters to agent routes only
 			h.want(r, 400, tc.code)
 			if d := r.err(); !strings.HasPrefix(d.Field, tc.field) || d.Field == "" || !strings.Contains(d.Message, d.Field) {
 				t.Fatalf("field %q (message %q), want %q", d.Field, d.Message, tc.field)
@@ -350,7 +357,7 @@ func TestUnknownFieldsRejected(t *testing.T) {
 		{"POST", "/v1/machines/" + m.ID + "/erase", operatorTok, `{"force":true}`, "force"},
 		{"POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"write","state":"running","extra":1}`, "extra"},
 	} {
-		r := h.do(tc.method, tc.path, tc.token, tc.body)
+		r := h.do(tc.method, tc.path, tc.token, tc.body, HeaderMachine, m.ID)
 		h.want(r, 400, CodeUnknownField)
 		if r.err().Field != tc.field {
 			t.Fatalf("%s %s: field %q, want %q", tc.method, tc.path, r.err().Field, tc.field)
@@ -902,6 +909,7 @@ func FuzzHandlers(f *testing.F) {
 		rt := routes[int(which)%len(routes)]
 		req := httptest.NewRequest(rt.method, rt.path, bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+rt.tok)
+		req.Header.Set(HeaderMachine, m.ID)
 		rec := httptest.NewRecorder()
 		s.Handler().ServeHTTP(rec, req)
 		if rec.Code >= 500 {

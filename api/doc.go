@@ -42,10 +42,17 @@
 // forbidden.
 //
 // Agent requests carry the per-boot token of the kernel command line
-// (kiln.token) and name their machine in the X-Kiln-Machine header or the
-// body's machine_id; both, when present, must agree, and the token must be
-// that machine's (Backend.VerifyAgentToken). An agent token of machine A can
-// never act for machine B.
+// (kiln.token) and name their machine in the X-Kiln-Machine header
+// (required); the token must be that machine's (Backend.VerifyAgentToken),
+// checked before the body is read, and a body's machine_id, when present,
+// must name the same machine. An agent token of machine A can never act for
+// machine B.
+//
+// Every credential is checked before a request body is read; a body read
+// waits at most Config.BodyIdleTimeout for the next bytes and a JSON body
+// arrives whole within Config.JSONBodyTimeout (408 body_timeout); a body
+// the client cuts off is 400 body_incomplete and nothing of it is kept.
+// body.go says why there is no whole-request ReadTimeout.
 //
 // Static tokens are configured hashed (TokenSpec.SHA256 = hex SHA-256);
 // LoadOrCreateAdminToken makes the first admin token (0600 file). Metrics are

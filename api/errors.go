@@ -35,6 +35,15 @@ var (
 	ErrTrailingData = errors.New("data after the JSON value")
 	// ErrTooLarge: a body exceeded its size limit (413 "too_large").
 	ErrTooLarge = errors.New("request body too large")
+	// ErrBodyTimeout: the client sent a body too slowly: no bytes for
+	// Config.BodyIdleTimeout, or a JSON body not whole within
+	// Config.JSONBodyTimeout (408 "body_timeout").
+	ErrBodyTimeout = errors.New("request body timed out")
+	// ErrBodyIncomplete: the client ended the body before its declared end
+	// (closed the connection before Content-Length bytes, a broken chunked
+	// encoding) or the connection failed while it was read: an upload cut
+	// off by the client. Nothing of it is kept (400 "body_incomplete").
+	ErrBodyIncomplete = errors.New("request body incomplete")
 	// ErrBadConfig: Config.Validate rejected the configuration.
 	ErrBadConfig = errors.New("api: bad config")
 )
@@ -53,6 +62,8 @@ const (
 	CodeImportRejected    = "import_rejected"
 	CodeNotLeader         = "not_leader"
 	CodeTooLarge          = "too_large"
+	CodeBodyTimeout       = "body_timeout"
+	CodeBodyIncomplete    = "body_incomplete"
 	CodeUnavailable       = "unavailable"
 	CodeMethodNotAllowed  = "method_not_allowed"
 	CodeInternal          = "internal"
@@ -149,6 +160,10 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 		return http.StatusBadRequest, d
 	case errors.As(err, &mbe), errors.Is(err, ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, ErrorDetail{Code: CodeTooLarge, Message: err.Error()}
+	case errors.Is(err, ErrBodyTimeout):
+		return http.StatusRequestTimeout, ErrorDetail{Code: CodeBodyTimeout, Message: err.Error()}
+	case errors.Is(err, ErrBodyIncomplete):
+		return http.StatusBadRequest, ErrorDetail{Code: CodeBodyIncomplete, Message: err.Error()}
 	case errors.As(err, &ve):
 		code := CodeInvalid
 		switch {
@@ -209,8 +224,14 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		return
 	}
 	status, d := s.classify(err)
-	if status >= 500 && !errors.Is(err, context.Canceled) {
+	switch {
+	case status >= 500 && !errors.Is(err, context.Canceled):
 		s.log.Error("request failed", "method", c.Request().Method, "route", c.Path(), "err", err)
+	case d.Code == CodeBodyTimeout || d.Code == CodeBodyIncomplete:
+		// The client's doing (a cut-off upload, a stalled sender), worth a
+		// line for the operator but not an error of ours.
+		s.log.Info("request body not received", "method", c.Request().Method, "route", c.Path(),
+			"remote", c.Request().RemoteAddr, "err", err)
 	}
 	if c.Request().Method == http.MethodHead {
 		_ = c.NoContent(status)
@@ -229,6 +250,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 // empty body is allowed when allowEmpty.
 func decodeJSON(c echo.Context, max int64, v any, allowEmpty bool) error {
 	r := c.Request()
+	if g, ok := r.Body.(*guardedBody); ok {
+		g.limitTotal()
+	}
 	body := http.MaxBytesReader(c.Response(), r.Body, max)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
@@ -272,6 +296,8 @@ func jsonError(err error, allowEmpty bool) error {
 	)
 	msg := err.Error()
 	switch {
+	case errors.Is(err, ErrBodyTimeout), errors.Is(err, ErrBodyIncomplete):
+		return err // the transport's, not the JSON's
 	case errors.Is(err, io.EOF):
 		if allowEmpty {
 			return nil

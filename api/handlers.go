@@ -866,15 +866,15 @@ func (s *Server) events(c echo.Context) error {
 // ---- agent protocol (package agentapi)
 
 func (s *Server) agentRegister(c echo.Context) error {
-	if _, err := s.authAgent(c, "", false); err != nil {
+	p, err := s.authAgent(c)
+	if err != nil {
 		return err
 	}
 	var reg agentapi.Registration
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &reg, false); err != nil {
 		return err
 	}
-	p, err := s.authAgent(c, reg.MachineID, true)
-	if err != nil {
+	if err := s.bodyMachine(p, reg.MachineID); err != nil {
 		return err
 	}
 	reg.MachineID = p.Machine
@@ -886,7 +886,7 @@ func (s *Server) agentRegister(c echo.Context) error {
 }
 
 func (s *Server) agentTask(c echo.Context) error {
-	p, err := s.authAgent(c, "", true)
+	p, err := s.authAgent(c)
 	if err != nil {
 		return err
 	}
@@ -934,15 +934,15 @@ func validateReport(r *agentapi.Report) error {
 }
 
 func (s *Server) agentReport(c echo.Context) error {
-	if _, err := s.authAgent(c, "", false); err != nil {
+	p, err := s.authAgent(c)
+	if err != nil {
 		return err
 	}
 	var rep agentapi.Report
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &rep, false); err != nil {
 		return err
 	}
-	p, err := s.authAgent(c, rep.MachineID, true)
-	if err != nil {
+	if err := s.bodyMachine(p, rep.MachineID); err != nil {
 		return err
 	}
 	rep.MachineID = p.Machine

@@ -217,8 +217,8 @@ func OpenAPI() map[string]any {
 		case "":
 			o["security"] = []any{}
 		case RoleAgent:
-			o["description"] = "Agent per-boot bearer token (kiln.token); machine from the X-Kiln-Machine header or the body machine_id, which must agree."
-			params = append(params, map[string]any{"name": HeaderMachine, "in": "header", "schema": map[string]any{"type": "string"}})
+			o["description"] = "Agent per-boot bearer token (kiln.token), checked against the machine the X-Kiln-Machine header names before the body is read; a body machine_id, when present, must name the same machine."
+			params = append(params, map[string]any{"name": HeaderMachine, "in": "header", "required": true, "schema": map[string]any{"type": "string"}})
 		default:
 			o["description"] = "Needs role " + string(op.Role) + " or higher."
 		}
