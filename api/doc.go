@@ -27,7 +27,8 @@
 //	POST   /v1/machines/claim                                   operator (N machines by role and labels)
 //	POST   /v1/machines/{id}/bmc                                admin (password write-only)
 //	GET    /v1/images  /v1/images/{id}                          viewer
-//	POST   /v1/images?name=&version=&sha256=&format=            admin (streamed body; PUT /v1/images/{id} too)
+//	POST   /v1/images?name=&version=&sha256=&format=&size=      admin (streamed body; the store picks the ID)
+//	PUT    /v1/images/{id}?name=&version=&sha256=&format=&size= admin (under that ID; same image again → 200, other → 409)
 //	DELETE /v1/images/{id}                                      admin
 //	GET    /v1/jobs[?machine=]  /v1/jobs/{id}                   viewer
 //	GET    /v1/events?after=CURSOR&limit=&wait=30s              viewer (long-poll)
@@ -37,9 +38,9 @@
 // codes listed as Code* constants: store.ErrNotFound → 404 not_found,
 // store.ErrConflict → 409 conflict, *store.IllegalTransitionError → 409
 // illegal_transition (from, to), validation → 400 invalid / unknown_field /
-// bad_json naming the field, *intake.ErrRows → 400 import_rejected (rows),
-// store.ErrNotLeader → 503 not_leader (leader), 401 unauthorized, 403
-// forbidden.
+// bad_json / trailing_data naming the field, *intake.ErrRows → 400
+// import_rejected (rows), store.ErrNotLeader → 503 not_leader (leader), 401
+// unauthorized, 403 forbidden, 408 body_timeout, 400 body_incomplete.
 //
 // Agent requests carry the per-boot token of the kernel command line
 // (kiln.token) and name their machine in the X-Kiln-Machine header

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -731,7 +732,12 @@ func (cr countingReader) Read(p []byte) (int, error) {
 // uploadImage streams the request body (the image bytes) to the backend.
 // Metadata comes in the query: name, version, sha256 (hex of the raw
 // bytes), format (raw|gzip|zstd, default raw), size (bytes of the raw
-// content: required for gzip and zstd, optional for raw), source.
+// content, 1..store.MaxImageSize: required for gzip and zstd, optional for
+// raw), source. POST lets the store choose the ID (201). PUT
+// /v1/images/{id} uploads under that ID: 201 when it is new; when an image
+// with that ID exists with the same name, version, format and sha256, 200
+// with that image and the body is not read (idempotent); any other image
+// there is 409 (images are immutable).
 func (s *Server) uploadImage(c echo.Context) error {
 	q := c.QueryParams()
 	meta := store.Image{Meta: store.Meta{ID: c.Param("id")}, Name: q.Get("name"), Version: q.Get("version"),
@@ -741,8 +747,8 @@ func (s *Server) uploadImage(c echo.Context) error {
 	}
 	if v := q.Get("size"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n == 0 {
-			return invalid("size", "must be the raw content's length in bytes (a positive integer)")
+		if err != nil || n == 0 || n > store.MaxImageSize {
+			return invalid("size", "must be the raw content's length in bytes: an integer 1..%d (16 TiB)", uint64(store.MaxImageSize))
 		}
 		meta.Size = n
 	}
@@ -767,12 +773,20 @@ func (s *Server) uploadImage(c echo.Context) error {
 	if meta.Source == "" {
 		meta.Source = "upload"
 	}
+	status := http.StatusCreated
+	if meta.ID != "" {
+		if _, err := s.b.GetImage(meta.ID); err == nil {
+			status = http.StatusOK // the backend returns it if it is the same image, else a conflict
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+	}
 	body := countingReader{r: c.Request().Body, n: func(n int) { s.m.uploadBytes.Add(float64(n)) }}
 	im, err := s.b.UploadImage(c.Request().Context(), meta, body, s.w(c, "image_uploaded", ""))
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusCreated, im)
+	return c.JSON(status, im)
 }
 
 func (s *Server) deleteImage(c echo.Context) error {

@@ -164,6 +164,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 			{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
 			{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
 			{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+			{Err: lifecycle.ErrImageFormat, Status: http.StatusBadRequest, Code: "format_mismatch"},
+			{Err: lifecycle.ErrImageSize, Status: http.StatusBadRequest, Code: "size_mismatch"},
 			{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
 			{Err: lifecycle.ErrImageInUse, Status: http.StatusConflict, Code: "image_in_use"},
 			{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
