@@ -247,7 +247,8 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 // of the body, which may hold only whitespace (RFC 8259 section 2): a second
 // value or any other bytes after the first are ErrTrailingData. Unknown
 // fields are rejected naming the field; type errors name the field. An
-// empty body is allowed when allowEmpty.
+// empty body is allowed when allowEmpty. The whole body must arrive within
+// Config.JSONBodyTimeout (ErrBodyTimeout; see body.go).
 func decodeJSON(c echo.Context, max int64, v any, allowEmpty bool) error {
 	r := c.Request()
 	if g, ok := r.Body.(*guardedBody); ok {
