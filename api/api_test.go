@@ -242,31 +242,38 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 		return agentapi.Report{MachineID: id, Step: agentapi.StepInspect, State: agentapi.StateSucceeded}
 	}
 
-	// A's token, body names B, no header: refused.
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID)), 403, CodeForbidden)
+	// No X-Kiln-Machine header: refused before the body is read (the token
+	// is checked against the header's machine), whatever the body names.
+	r := h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID))
+	h.want(r, 400, CodeInvalid)
+	if r.err().Field != HeaderMachine {
+		t.Fatalf("no header: %s", r.body)
+	}
+	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID)), 400, CodeInvalid)
 	// A's token, header A, body B: refused.
 	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID), HeaderMachine, a.ID), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}, HeaderMachine, a.ID), 403, CodeForbidden)
 	// A's token, header B: refused before the body is read.
 	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID), HeaderMachine, b.ID), 403, CodeForbidden)
 	h.want(h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, b.ID), 403, CodeForbidden)
-	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}, HeaderMachine, b.ID), 403, CodeForbidden)
 	if n := len(h.f.Reports(b.ID)); n != 0 {
 		t.Fatalf("B got %d reports from A's token", n)
 	}
 	// An admin token is not an agent token.
-	h.want(h.do("POST", "/v1/agent/report", adminTok, rep(a.ID)), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/report", adminTok, rep(a.ID), HeaderMachine, a.ID), 403, CodeForbidden)
 	// No token: 401.
-	h.want(h.do("POST", "/v1/agent/report", "", rep(a.ID)), 401, CodeUnauthorized)
+	h.want(h.do("POST", "/v1/agent/report", "", rep(a.ID), HeaderMachine, a.ID), 401, CodeUnauthorized)
 	// An agent token is not an API token.
 	h.want(h.do("GET", "/v1/machines", "tok-a", nil), 401, CodeUnauthorized)
 
-	// A for A: accepted, with and without the header.
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID)), 204, "")
+	// A for A: accepted, with and without the body's machine_id.
+	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID), HeaderMachine, a.ID), 204, "")
 	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(""), HeaderMachine, a.ID), 204, "")
 	if got := h.f.Reports(a.ID); len(got) != 2 || got[1].MachineID != a.ID {
 		t.Fatalf("A reports %+v", got)
 	}
-	r := h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, a.ID)
+	r = h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, a.ID)
 	h.want(r, 200, "")
 	var task agentapi.Task
 	r.into(t, &task)
@@ -274,7 +281,7 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 		t.Fatalf("task %+v", task)
 	}
 	h.want(h.do("GET", "/v1/agent/task", "tok-a", nil), 400, CodeInvalid)
-	r = h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: a.ID, AgentVersion: "1"})
+	r = h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: a.ID, AgentVersion: "1"}, HeaderMachine, a.ID)
 	h.want(r, 200, "")
 	r.into(t, &task)
 	if task.Action != agentapi.ActionInspect {
@@ -283,7 +290,7 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 	// Messages are sanitised and truncated.
 	long := agentapi.Report{MachineID: a.ID, Step: agentapi.StepWrite, State: agentapi.StateFailed,
 		Reason: agentapi.ReasonWriteFailed, Message: "bad\x1b[31m\n" + strings.Repeat("é", 600)}
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", long), 204, "")
+	h.want(h.do("POST", "/v1/agent/report", "tok-a", long, HeaderMachine, a.ID), 204, "")
 	got := h.f.Reports(a.ID)
 	msg := got[len(got)-1].Message
 	if len(msg) > agentapi.MaxMessageLen || strings.ContainsAny(msg, "\x1b\n") || !strings.HasPrefix(msg, "bad ") {
@@ -330,7 +337,7 @@ func TestValidationNamesField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := h.do(tc.method, tc.path, tc.token, tc.body)
+			r := h.do(tc.method, tc.path, tc.token, tc.body, HeaderMachine, m.ID) // the header matters to agent routes only
 			h.want(r, 400, tc.code)
 			if d := r.err(); !strings.HasPrefix(d.Field, tc.field) || d.Field == "" || !strings.Contains(d.Message, d.Field) {
 				t.Fatalf("field %q (message %q), want %q", d.Field, d.Message, tc.field)
@@ -350,7 +357,7 @@ func TestUnknownFieldsRejected(t *testing.T) {
 		{"POST", "/v1/machines/" + m.ID + "/erase", operatorTok, `{"force":true}`, "force"},
 		{"POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"write","state":"running","extra":1}`, "extra"},
 	} {
-		r := h.do(tc.method, tc.path, tc.token, tc.body)
+		r := h.do(tc.method, tc.path, tc.token, tc.body, HeaderMachine, m.ID)
 		h.want(r, 400, CodeUnknownField)
 		if r.err().Field != tc.field {
 			t.Fatalf("%s %s: field %q, want %q", tc.method, tc.path, r.err().Field, tc.field)
@@ -359,10 +366,26 @@ func TestUnknownFieldsRejected(t *testing.T) {
 	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable {
 		t.Fatalf("state changed through PATCH: %s", got.State)
 	}
-	// Malformed and trailing JSON.
+	// Malformed JSON.
 	h.want(h.do("POST", "/v1/sites", adminTok, `{"name":`), 400, CodeBadJSON)
-	h.want(h.do("POST", "/v1/sites", adminTok, `{"name":"a"}{"name":"b"}`), 400, CodeBadJSON)
 	h.want(h.do("POST", "/v1/sites", adminTok, ``), 400, CodeBadJSON)
+	// Anything after the one JSON value is refused, naming the problem and
+	// creating nothing (issue 20: `{"name":"a"} xyz` was accepted).
+	before, _ := h.f.ListSites()
+	for _, body := range []string{`{"name":"a"} xyz`, `{"name":"a"}{"name":"b"}`, `{"name":"a"}}`, `{"name":"a"}` + "\n\x00", `{"name":"a"} "s"`} {
+		r := h.do("POST", "/v1/sites", adminTok, body)
+		h.want(r, 400, CodeTrailingData)
+		if !strings.Contains(r.err().Message, "after the JSON value") {
+			t.Fatalf("%q: message %q", body, r.err().Message)
+		}
+	}
+	if after, _ := h.f.ListSites(); len(after) != len(before) {
+		t.Fatalf("a body with trailing data created a site: %d → %d", len(before), len(after))
+	}
+	// Trailing whitespace is no data (RFC 8259 section 2).
+	h.want(h.do("POST", "/v1/sites", adminTok, "{\"name\":\"ws\"} \r\n\t "), 201, "")
+	// Body-optional actions: whitespace only is an empty body, garbage is not.
+	h.want(h.do("POST", "/v1/machines/"+m.ID+"/inspect", operatorTok, `{} x`), 400, CodeTrailingData)
 }
 
 func TestStaleResourceVersionConflicts(t *testing.T) {
@@ -886,6 +909,7 @@ func FuzzHandlers(f *testing.F) {
 		rt := routes[int(which)%len(routes)]
 		req := httptest.NewRequest(rt.method, rt.path, bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+rt.tok)
+		req.Header.Set(HeaderMachine, m.ID)
 		rec := httptest.NewRecorder()
 		s.Handler().ServeHTTP(rec, req)
 		if rec.Code >= 500 {
@@ -898,4 +922,67 @@ func FuzzHandlers(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestFreeTextRefused: names and free-text fields with control characters,
+// bidirectional controls, newlines or excess length are refused naming the
+// field (issue 20: POST /v1/machines took NUL, ESC, U+202E, newlines and a
+// 100 KB name, which import refuses), and nothing is created.
+func TestFreeTextRefused(t *testing.T) {
+	h := newHarness(t)
+	m := h.machine("n1", "52:54:00:00:00:01", store.StateAvailable, nil)
+	im := h.image([]byte("img"))
+	bad := map[string]string{"NUL": "a\x00b", "ESC": "esc\x1b[31mred", "U+202E": "rtl\u202eevil", "newline": "two\nlines",
+		"100KB": strings.Repeat("x", 100<<10)}
+	mac := 0x10
+	for what, v := range bad {
+		mac++
+		spec := MachineSpec{Name: v, Intended: store.Hardware{NICs: []store.NIC{{MAC: fmt.Sprintf("52:54:00:00:01:%02x", mac)}}}}
+		r := h.do("POST", "/v1/machines", adminTok, spec)
+		h.want(r, 400, CodeInvalid)
+		if r.err().Field != "name" {
+			t.Fatalf("%s name: field %q (%s)", what, r.err().Field, r.body)
+		}
+		if bytes.ContainsAny(r.body, "\x00\x1b\u202e") {
+			t.Fatalf("%s: the error echoes the raw character: %q", what, r.body)
+		}
+	}
+	if ms, _, _ := h.f.ListMachines(store.ListOptions{}); len(ms) != 1 {
+		t.Fatalf("%d machines, want only the harness's one", len(ms))
+	}
+	esc := "x\x1by"
+	for _, tc := range []struct {
+		method, path, tok string
+		body              any
+		field             string
+	}{
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Rack: esc, Intended: store.Hardware{Serial: "S9"}}, "rack"},
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Intended: store.Hardware{Serial: esc}}, "intended.serial"},
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Intended: store.Hardware{Serial: "S9", Vendor: "\u202e"}}, "intended.vendor"},
+		{"POST", "/v1/machines", adminTok, MachineSpec{Name: "ok", Labels: map[string]string{"k": "a\nb"}, Intended: store.Hardware{Serial: "S9"}}, "labels.k"},
+		{"PATCH", "/v1/machines/" + m.ID, adminTok, map[string]any{"resource_version": m.ResourceVersion, "name": "a\x00"}, "name"},
+		{"PATCH", "/v1/machines/" + m.ID, adminTok, map[string]any{"resource_version": m.ResourceVersion, "site": esc}, "site"},
+		{"POST", "/v1/sites", adminTok, SiteSpec{Name: esc}, "name"},
+		{"POST", "/v1/sites", adminTok, SiteSpec{Name: "s", Description: "\u2066"}, "description"},
+		{"POST", "/v1/racks", adminTok, RackSpec{Site: "s", Name: "r", Row: esc}, "row"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Hostname: "a\x1b"}}, "claim.hostname"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Role: esc}}, "claim.role"},
+		{"POST", "/v1/machines/" + m.ID + "/erase", operatorTok, ActionRequest{Message: esc}, "message"},
+		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1\x1b", Username: "u", Password: "p"}, "address"},
+		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1", Username: esc, Password: "p"}, "username"},
+	} {
+		r := h.do(tc.method, tc.path, tc.tok, tc.body)
+		h.want(r, 400, CodeInvalid)
+		if r.err().Field != tc.field {
+			t.Errorf("%s %s: field %q, want %q (%s)", tc.method, tc.path, r.err().Field, tc.field, r.body)
+		}
+	}
+	r := h.do("POST", "/v1/images?name=a&version=1%1B&sha256="+strings.Repeat("a", 64), adminTok, "data")
+	h.want(r, 400, CodeInvalid)
+	if r.err().Field != "version" {
+		t.Fatalf("image version: %s", r.body)
+	}
+	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable || got.Name != "n1" {
+		t.Fatalf("machine changed: %+v", got)
+	}
 }

@@ -218,35 +218,36 @@ func (s *Server) requireRole(need Role) echo.MiddlewareFunc {
 // HeaderMachine names the machine an agent request acts for.
 const HeaderMachine = agentapi.HeaderMachine
 
-// authAgent checks the request's bearer token as the per-boot agent token of
-// a machine. The machine is the X-Kiln-Machine header, else bodyID (the body's
-// machine_id). When both are given they must agree: an agent token of
-// machine A can never act for B. bodyKnown says whether the body has been
-// read yet (header-only check before reading it).
-func (s *Server) authAgent(c echo.Context, bodyID string, bodyKnown bool) (principal, error) {
+// authAgent checks the request's bearer token as the per-boot agent token
+// of the machine the X-Kiln-Machine header names. It runs before the body
+// is read, so a refused agent request is answered at once, whatever body
+// follows. The header is required (the agent always sends it); a body's
+// machine_id, when present, must name the same machine (bodyMachine). An
+// agent token of machine A can never act for B.
+func (s *Server) authAgent(c echo.Context) (principal, error) {
 	tok, ok := bearer(c)
 	if !ok {
 		s.m.authFailures.WithLabelValues("missing").Inc()
 		return principal{}, fmt.Errorf("%w: no bearer token; the agent sends kiln.token from the kernel command line", ErrUnauthorized)
 	}
-	hdr := c.Request().Header.Get(HeaderMachine)
-	id := hdr
+	id := c.Request().Header.Get(HeaderMachine)
 	if id == "" {
-		id = bodyID
-	}
-	if id == "" {
-		if !bodyKnown {
-			return principal{}, nil // decide after the body is read
-		}
-		return principal{}, invalid("machine_id", "required (or the %s header)", HeaderMachine)
-	}
-	if hdr != "" && bodyKnown && bodyID != "" && bodyID != hdr {
-		s.m.authFailures.WithLabelValues("agent_machine").Inc()
-		return principal{}, fmt.Errorf("%w: token is for machine %q, body names %q", ErrForbidden, hdr, bodyID)
+		s.m.authFailures.WithLabelValues("missing").Inc()
+		return principal{}, invalid(HeaderMachine, "required: the header names the machine whose agent token this is")
 	}
 	if !s.b.VerifyAgentToken(id, tok) {
 		s.m.authFailures.WithLabelValues("agent_machine").Inc()
 		return principal{}, fmt.Errorf("%w: agent token not valid for machine %q", ErrForbidden, id)
 	}
 	return principal{Name: id, Role: RoleAgent, Machine: id}, nil
+}
+
+// bodyMachine checks the machine_id of an agent's body against the machine
+// its token was checked for ("" = not given).
+func (s *Server) bodyMachine(p principal, bodyID string) error {
+	if bodyID != "" && bodyID != p.Machine {
+		s.m.authFailures.WithLabelValues("agent_machine").Inc()
+		return fmt.Errorf("%w: token is for machine %q, body names %q", ErrForbidden, p.Machine, bodyID)
+	}
+	return nil
 }

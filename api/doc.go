@@ -2,7 +2,8 @@
 // and steer machines, and the in-RAM agent's way to report.
 //
 // It owns HTTP only: routing (echo/v4), bearer-token auth with roles, JSON
-// decoding that rejects unknown fields, validation that names the field, the
+// decoding that rejects unknown fields and anything after the one value
+// (400 trailing_data), validation that names the field, the
 // one error handler that maps errors to statuses and stable codes, request
 // metrics with bounded labels, /metrics, /healthz, /readyz and the OpenAPI
 // 3.0 document at /v1/openapi.json. Everything else goes through Backend,
@@ -26,7 +27,8 @@
 //	POST   /v1/machines/claim                                   operator (N machines by role and labels)
 //	POST   /v1/machines/{id}/bmc                                admin (password write-only)
 //	GET    /v1/images  /v1/images/{id}                          viewer
-//	POST   /v1/images?name=&version=&sha256=&format=            admin (streamed body; PUT /v1/images/{id} too)
+//	POST   /v1/images?name=&version=&sha256=&format=&size=      admin (streamed body; the store picks the ID)
+//	PUT    /v1/images/{id}?name=&version=&sha256=&format=&size= admin (under that ID; same image again → 200, other → 409)
 //	DELETE /v1/images/{id}                                      admin
 //	GET    /v1/jobs[?machine=]  /v1/jobs/{id}                   viewer
 //	GET    /v1/events?after=CURSOR&limit=&wait=30s              viewer (long-poll)
@@ -36,15 +38,22 @@
 // codes listed as Code* constants: store.ErrNotFound → 404 not_found,
 // store.ErrConflict → 409 conflict, *store.IllegalTransitionError → 409
 // illegal_transition (from, to), validation → 400 invalid / unknown_field /
-// bad_json naming the field, *intake.ErrRows → 400 import_rejected (rows),
-// store.ErrNotLeader → 503 not_leader (leader), 401 unauthorized, 403
-// forbidden.
+// bad_json / trailing_data naming the field, *intake.ErrRows → 400
+// import_rejected (rows), store.ErrNotLeader → 503 not_leader (leader), 401
+// unauthorized, 403 forbidden, 408 body_timeout, 400 body_incomplete.
 //
 // Agent requests carry the per-boot token of the kernel command line
-// (kiln.token) and name their machine in the X-Kiln-Machine header or the
-// body's machine_id; both, when present, must agree, and the token must be
-// that machine's (Backend.VerifyAgentToken). An agent token of machine A can
-// never act for machine B.
+// (kiln.token) and name their machine in the X-Kiln-Machine header
+// (required); the token must be that machine's (Backend.VerifyAgentToken),
+// checked before the body is read, and a body's machine_id, when present,
+// must name the same machine. An agent token of machine A can never act for
+// machine B.
+//
+// Every credential is checked before a request body is read; a body read
+// waits at most Config.BodyIdleTimeout for the next bytes and a JSON body
+// arrives whole within Config.JSONBodyTimeout (408 body_timeout); a body
+// the client cuts off is 400 body_incomplete and nothing of it is kept.
+// body.go says why there is no whole-request ReadTimeout.
 //
 // Static tokens are configured hashed (TokenSpec.SHA256 = hex SHA-256);
 // LoadOrCreateAdminToken makes the first admin token (0600 file). Metrics are

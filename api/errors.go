@@ -30,8 +30,20 @@ var (
 	ErrUnknownField = errors.New("unknown field")
 	// ErrBadJSON: a JSON body did not parse (400 "bad_json").
 	ErrBadJSON = errors.New("malformed JSON body")
+	// ErrTrailingData: a JSON body holds something after its one value: a
+	// second value or any other non-whitespace bytes (400 "trailing_data").
+	ErrTrailingData = errors.New("data after the JSON value")
 	// ErrTooLarge: a body exceeded its size limit (413 "too_large").
 	ErrTooLarge = errors.New("request body too large")
+	// ErrBodyTimeout: the client sent a body too slowly: no bytes for
+	// Config.BodyIdleTimeout, or a JSON body not whole within
+	// Config.JSONBodyTimeout (408 "body_timeout").
+	ErrBodyTimeout = errors.New("request body timed out")
+	// ErrBodyIncomplete: the client ended the body before its declared end
+	// (closed the connection before Content-Length bytes, a broken chunked
+	// encoding) or the connection failed while it was read: an upload cut
+	// off by the client. Nothing of it is kept (400 "body_incomplete").
+	ErrBodyIncomplete = errors.New("request body incomplete")
 	// ErrBadConfig: Config.Validate rejected the configuration.
 	ErrBadConfig = errors.New("api: bad config")
 )
@@ -41,6 +53,7 @@ const (
 	CodeInvalid           = "invalid"
 	CodeUnknownField      = "unknown_field"
 	CodeBadJSON           = "bad_json"
+	CodeTrailingData      = "trailing_data"
 	CodeUnauthorized      = "unauthorized"
 	CodeForbidden         = "forbidden"
 	CodeNotFound          = "not_found"
@@ -49,6 +62,8 @@ const (
 	CodeImportRejected    = "import_rejected"
 	CodeNotLeader         = "not_leader"
 	CodeTooLarge          = "too_large"
+	CodeBodyTimeout       = "body_timeout"
+	CodeBodyIncomplete    = "body_incomplete"
 	CodeUnavailable       = "unavailable"
 	CodeMethodNotAllowed  = "method_not_allowed"
 	CodeInternal          = "internal"
@@ -145,6 +160,10 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 		return http.StatusBadRequest, d
 	case errors.As(err, &mbe), errors.Is(err, ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, ErrorDetail{Code: CodeTooLarge, Message: err.Error()}
+	case errors.Is(err, ErrBodyTimeout):
+		return http.StatusRequestTimeout, ErrorDetail{Code: CodeBodyTimeout, Message: err.Error()}
+	case errors.Is(err, ErrBodyIncomplete):
+		return http.StatusBadRequest, ErrorDetail{Code: CodeBodyIncomplete, Message: err.Error()}
 	case errors.As(err, &ve):
 		code := CodeInvalid
 		switch {
@@ -152,6 +171,8 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 			code = CodeUnknownField
 		case errors.Is(ve, ErrBadJSON):
 			code = CodeBadJSON
+		case errors.Is(ve, ErrTrailingData):
+			code = CodeTrailingData
 		}
 		return http.StatusBadRequest, ErrorDetail{Code: code, Message: ve.Error(), Field: ve.Field}
 	case errors.Is(err, ErrInvalid), errors.Is(err, intake.ErrFormat), errors.Is(err, intake.ErrEmpty),
@@ -203,8 +224,14 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		return
 	}
 	status, d := s.classify(err)
-	if status >= 500 && !errors.Is(err, context.Canceled) {
+	switch {
+	case status >= 500 && !errors.Is(err, context.Canceled):
 		s.log.Error("request failed", "method", c.Request().Method, "route", c.Path(), "err", err)
+	case d.Code == CodeBodyTimeout || d.Code == CodeBodyIncomplete:
+		// The client's doing (a cut-off upload, a stalled sender), worth a
+		// line for the operator but not an error of ours.
+		s.log.Info("request body not received", "method", c.Request().Method, "route", c.Path(),
+			"remote", c.Request().RemoteAddr, "err", err)
 	}
 	if c.Request().Method == http.MethodHead {
 		_ = c.NoContent(status)
@@ -215,22 +242,50 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	}
 }
 
-// decodeJSON reads one JSON value from the request body into v, limited to
-// max bytes. Unknown fields are rejected naming the field; type errors name
-// the field. An empty body is allowed when allowEmpty.
+// decodeJSON is the one decoder of JSON request bodies. It reads exactly one
+// JSON value from the body into v, limited to max bytes, and then the rest
+// of the body, which may hold only whitespace (RFC 8259 section 2): a second
+// value or any other bytes after the first are ErrTrailingData. Unknown
+// fields are rejected naming the field; type errors name the field. An
+// empty body is allowed when allowEmpty. The whole body must arrive within
+// Config.JSONBodyTimeout (ErrBodyTimeout; see body.go).
 func decodeJSON(c echo.Context, max int64, v any, allowEmpty bool) error {
 	r := c.Request()
+	if g, ok := r.Body.(*guardedBody); ok {
+		g.limitTotal()
+	}
 	body := http.MaxBytesReader(c.Response(), r.Body, max)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err, allowEmpty)
 	}
-	var extra json.RawMessage
-	if err := dec.Decode(&extra); err == nil {
-		return &ValidationError{Msg: "body holds more than one JSON value", Kind: ErrBadJSON}
+	return onlyWhitespace(io.MultiReader(dec.Buffered(), body), dec.InputOffset())
+}
+
+// onlyWhitespace reads r to its end and fails at the first byte that is not
+// JSON whitespace (space, tab, line feed, carriage return). off is the body
+// offset of r's first byte, for the message.
+func onlyWhitespace(r io.Reader, off int64) error {
+	buf := make([]byte, 512)
+	for {
+		n, err := r.Read(buf)
+		for i, b := range buf[:n] {
+			switch b {
+			case ' ', '\t', '\n', '\r':
+			default:
+				return &ValidationError{Kind: ErrTrailingData,
+					Msg: fmt.Sprintf("data after the JSON value at byte %d; send exactly one JSON value", off+int64(i))}
+			}
+		}
+		off += int64(n)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return jsonError(err, false)
+		}
 	}
-	return nil
 }
 
 // jsonError turns an encoding/json error into a *ValidationError naming the field.
@@ -242,6 +297,8 @@ func jsonError(err error, allowEmpty bool) error {
 	)
 	msg := err.Error()
 	switch {
+	case errors.Is(err, ErrBodyTimeout), errors.Is(err, ErrBodyIncomplete):
+		return err // the transport's, not the JSON's
 	case errors.Is(err, io.EOF):
 		if allowEmpty {
 			return nil

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -10,15 +11,15 @@ import (
 	"net/http"
 	"net/netip"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
 	"kiln/api/agentapi"
+	"kiln/appliance/intake"
 	"kiln/store"
 )
 
@@ -104,6 +105,24 @@ func (s *Server) getSite(c echo.Context) error {
 	return notFound("site", c.Param("id"))
 }
 
+// checkText applies the free-text rule (intake.CheckText) to one field.
+func checkText(field, v string, max int) error {
+	if err := intake.CheckText(v, max); err != nil {
+		return invalid(field, "%v", err)
+	}
+	return nil
+}
+
+// firstErr returns the first non-nil error.
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func validateSite(sp SiteSpec) error {
 	if strings.TrimSpace(sp.Name) == "" {
 		return invalid("name", "required")
@@ -111,7 +130,8 @@ func validateSite(sp SiteSpec) error {
 	if sp.ID != "" && !idRe.MatchString(sp.ID) {
 		return invalid("id", "must match %s", idRe)
 	}
-	return nil
+	return firstErr(checkText("name", sp.Name, intake.MaxTextLen),
+		checkText("description", sp.Description, intake.MaxDescriptionLen))
 }
 
 func (s *Server) createSite(c echo.Context) error {
@@ -195,7 +215,8 @@ func validateRack(rs RackSpec) error {
 	case rs.ID != "" && !idRe.MatchString(rs.ID):
 		return invalid("id", "must match %s", idRe)
 	}
-	return nil
+	return firstErr(checkText("name", rs.Name, intake.MaxTextLen), checkText("site", rs.Site, intake.MaxTextLen),
+		checkText("row", rs.Row, intake.MaxTextLen))
 }
 
 func (s *Server) createRack(c echo.Context) error {
@@ -243,9 +264,8 @@ func (s *Server) updateRack(c echo.Context) error {
 // ---- machines
 
 var (
-	idRe    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	labelRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
-	hexRe   = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	idRe  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	hexRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
 // queryInt parses an optional integer query parameter within [lo, hi].
@@ -261,13 +281,17 @@ func queryInt(c echo.Context, name string, def, lo, hi int) (int, error) {
 	return n, nil
 }
 
+// validateLabels applies the label rule (intake.CheckLabel) to each label,
+// in key order so that the first bad label named is always the same.
 func validateLabels(field string, l map[string]string) error {
-	for k, v := range l {
-		if !labelRe.MatchString(k) {
-			return invalid(field+"."+k, "label key must match %s", labelRe)
-		}
-		if len(v) > 253 || strings.ContainsAny(v, ",=\n") {
-			return invalid(field+"."+k, "label value must be at most 253 bytes without ',', '=' or newline")
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := intake.CheckLabel(k, l[k]); err != nil {
+			return invalid(field+"."+k, "%v", err)
 		}
 	}
 	return nil
@@ -284,6 +308,22 @@ func normMAC(field, s string) (string, error) {
 
 // validateHardware checks and normalises intended hardware in place.
 func validateHardware(field string, h *store.Hardware) error {
+	t := func(name, v string) error { return checkText(field+"."+name, v, intake.MaxTextLen) }
+	if err := firstErr(t("serial", h.Serial), t("vendor", h.Vendor), t("model", h.Model), t("uuid", h.UUID),
+		t("firmware", h.Firmware)); err != nil {
+		return err
+	}
+	if h.BMCAddress != "" {
+		if err := intake.CheckHostPort(h.BMCAddress); err != nil {
+			return invalid(field+".bmc_address", "%v", err)
+		}
+	}
+	for i, d := range h.Disks {
+		f := fmt.Sprintf("disks[%d].", i)
+		if err := firstErr(t(f+"name", d.Name), t(f+"serial", d.Serial), t(f+"wwn", d.WWN), t(f+"model", d.Model)); err != nil {
+			return err
+		}
+	}
 	if h.CPUs < 0 {
 		return invalid(field+".cpus", "must not be negative")
 	}
@@ -292,6 +332,9 @@ func validateHardware(field string, h *store.Hardware) error {
 	}
 	seen := map[string]bool{}
 	for i := range h.NICs {
+		if err := t(fmt.Sprintf("nics[%d].name", i), h.NICs[i].Name); err != nil {
+			return err
+		}
 		f := fmt.Sprintf("%s.nics[%d].mac", field, i)
 		m, err := normMAC(f, h.NICs[i].MAC)
 		if err != nil {
@@ -337,6 +380,19 @@ func validateMachineFields(rackUnit int, labels map[string]string, h *store.Hard
 		}
 	}
 	return nil
+}
+
+// validateMachineText checks a machine's name (intake.CheckName, the rule
+// import applies) and its other free-text fields (intake.CheckText).
+func validateMachineText(name, site, rack, bootOverride string, rd store.DiskRule) error {
+	if name != "" {
+		if err := intake.CheckName(name); err != nil {
+			return invalid("name", "%v", err)
+		}
+	}
+	return firstErr(checkText("site", site, intake.MaxTextLen), checkText("rack", rack, intake.MaxTextLen),
+		checkText("boot_override", bootOverride, intake.MaxTextLen),
+		checkText("root_disk.serial", rd.Serial, intake.MaxTextLen), checkText("root_disk.wwn", rd.WWN, intake.MaxTextLen))
 }
 
 func (s *Server) listMachines(c echo.Context) error {
@@ -411,6 +467,9 @@ func (s *Server) createMachine(c echo.Context) error {
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &sp, false); err != nil {
 		return err
 	}
+	if err := validateMachineText(sp.Name, sp.Site, sp.Rack, sp.BootOverride, sp.RootDisk); err != nil {
+		return err
+	}
 	if err := validateMachineFields(sp.RackUnit, sp.Labels, &sp.Intended, sp.BootMode, sp.IPv4); err != nil {
 		return err
 	}
@@ -478,6 +537,9 @@ func (s *Server) patchMachine(c echo.Context) error {
 	if p.Intended != nil {
 		hw = &m.Intended
 	}
+	if err := validateMachineText(m.Name, m.Site, m.Rack, m.BootOverride, m.RootDisk); err != nil {
+		return err
+	}
 	if err := validateMachineFields(m.RackUnit, m.Labels, hw, m.BootMode, m.IPv4); err != nil {
 		return err
 	}
@@ -522,20 +584,28 @@ func validateClaim(field string, cl *store.Claim) error {
 	if cl.Image == "" {
 		return invalid(field+".image", "required: an image ID from GET /v1/images")
 	}
-	if cl.Hostname != "" && !hostRe.MatchString(cl.Hostname) {
-		return invalid(field+".hostname", "%q is not a valid host name (RFC 1123)", cl.Hostname)
+	if cl.Hostname != "" {
+		if err := intake.CheckHostname(cl.Hostname); err != nil {
+			return invalid(field+".hostname", "%v", err)
+		}
+	}
+	if err := checkText(field+".role", cl.Role, intake.MaxTextLen); err != nil {
+		return err
 	}
 	return validateLabels(field+".labels", cl.Labels)
 }
 
-var hostRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+// validateWhy checks the free-text reason and message a client gives for an action.
+func validateWhy(reason, message string) error {
+	return firstErr(checkText("reason", reason, intake.MaxTextLen), checkText("message", message, intake.MaxDescriptionLen))
+}
 
 func (s *Server) provision(c echo.Context) error {
 	var req ProvisionRequest
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &req, false); err != nil {
 		return err
 	}
-	if err := validateClaim("claim", &req.Claim); err != nil {
+	if err := firstErr(validateClaim("claim", &req.Claim), validateWhy(req.Reason, "")); err != nil {
 		return err
 	}
 	m, err := s.b.Provision(c.Request().Context(), c.Param("id"), req.Claim, s.w(c, req.Reason, ""))
@@ -552,6 +622,9 @@ func (s *Server) claimMachines(c echo.Context) error {
 	}
 	if req.Role == "" {
 		return invalid("role", "required")
+	}
+	if err := firstErr(checkText("role", req.Role, intake.MaxTextLen), validateWhy(req.Reason, "")); err != nil {
+		return err
 	}
 	if req.Count < 1 || req.Count > s.cfg.MaxListLimit {
 		return invalid("count", "must be 1..%d", s.cfg.MaxListLimit)
@@ -579,6 +652,9 @@ func (s *Server) action(c echo.Context, f func(context.Context, string, store.W)
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &req, true); err != nil {
 		return err
 	}
+	if err := validateWhy(req.Reason, req.Message); err != nil {
+		return err
+	}
 	m, err := f(c.Request().Context(), c.Param("id"), s.w(c, req.Reason, req.Message))
 	if err != nil {
 		return err
@@ -601,8 +677,10 @@ func (s *Server) enrollBMC(c echo.Context) error {
 	switch {
 	case req.Address == "":
 		return invalid("address", "required: host or host:port of the BMC")
-	case strings.ContainsAny(req.Address, "/ "):
-		return invalid("address", "host or host:port, not a URL")
+	case intake.CheckHostPort(req.Address) != nil:
+		return invalid("address", "%v", intake.CheckHostPort(req.Address))
+	case intake.CheckText(req.Username, intake.MaxTextLen) != nil:
+		return invalid("username", "%v", intake.CheckText(req.Username, intake.MaxTextLen))
 	case req.Driver != "redfish" && req.Driver != "ipmi" && req.Driver != "auto":
 		return invalid("driver", "%q is not redfish|ipmi|auto", req.Driver)
 	case req.Username == "":
@@ -654,7 +732,12 @@ func (cr countingReader) Read(p []byte) (int, error) {
 // uploadImage streams the request body (the image bytes) to the backend.
 // Metadata comes in the query: name, version, sha256 (hex of the raw
 // bytes), format (raw|gzip|zstd, default raw), size (bytes of the raw
-// content: required for gzip and zstd, optional for raw), source.
+// content, 1..store.MaxImageSize: required for gzip and zstd, optional for
+// raw), source. POST lets the store choose the ID (201). PUT
+// /v1/images/{id} uploads under that ID: 201 when it is new; when an image
+// with that ID exists with the same name, version, format and sha256, 200
+// with that image and the body is not read (idempotent); any other image
+// there is 409 (images are immutable).
 func (s *Server) uploadImage(c echo.Context) error {
 	q := c.QueryParams()
 	meta := store.Image{Meta: store.Meta{ID: c.Param("id")}, Name: q.Get("name"), Version: q.Get("version"),
@@ -664,8 +747,8 @@ func (s *Server) uploadImage(c echo.Context) error {
 	}
 	if v := q.Get("size"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n == 0 {
-			return invalid("size", "must be the raw content's length in bytes (a positive integer)")
+		if err != nil || n == 0 || n > store.MaxImageSize {
+			return invalid("size", "must be the raw content's length in bytes: an integer 1..%d (16 TiB)", uint64(store.MaxImageSize))
 		}
 		meta.Size = n
 	}
@@ -683,15 +766,27 @@ func (s *Server) uploadImage(c echo.Context) error {
 	case meta.ID != "" && !idRe.MatchString(meta.ID):
 		return invalid("id", "must match %s", idRe)
 	}
+	if err := firstErr(checkText("version", meta.Version, intake.MaxTextLen),
+		checkText("source", meta.Source, intake.MaxDescriptionLen)); err != nil {
+		return err
+	}
 	if meta.Source == "" {
 		meta.Source = "upload"
+	}
+	status := http.StatusCreated
+	if meta.ID != "" {
+		if _, err := s.b.GetImage(meta.ID); err == nil {
+			status = http.StatusOK // the backend returns it if it is the same image, else a conflict
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
 	}
 	body := countingReader{r: c.Request().Body, n: func(n int) { s.m.uploadBytes.Add(float64(n)) }}
 	im, err := s.b.UploadImage(c.Request().Context(), meta, body, s.w(c, "image_uploaded", ""))
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusCreated, im)
+	return c.JSON(status, im)
 }
 
 func (s *Server) deleteImage(c echo.Context) error {
@@ -785,15 +880,15 @@ func (s *Server) events(c echo.Context) error {
 // ---- agent protocol (package agentapi)
 
 func (s *Server) agentRegister(c echo.Context) error {
-	if _, err := s.authAgent(c, "", false); err != nil {
+	p, err := s.authAgent(c)
+	if err != nil {
 		return err
 	}
 	var reg agentapi.Registration
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &reg, false); err != nil {
 		return err
 	}
-	p, err := s.authAgent(c, reg.MachineID, true)
-	if err != nil {
+	if err := s.bodyMachine(p, reg.MachineID); err != nil {
 		return err
 	}
 	reg.MachineID = p.Machine
@@ -805,7 +900,7 @@ func (s *Server) agentRegister(c echo.Context) error {
 }
 
 func (s *Server) agentTask(c echo.Context) error {
-	p, err := s.authAgent(c, "", true)
+	p, err := s.authAgent(c)
 	if err != nil {
 		return err
 	}
@@ -848,38 +943,20 @@ func validateReport(r *agentapi.Report) error {
 	if r.Progress < 0 || r.Progress > 1 || r.Progress != r.Progress {
 		return invalid("progress", "must be 0..1")
 	}
-	r.Message = sanitize(r.Message, agentapi.MaxMessageLen)
+	r.Message = intake.SanitizeText(r.Message, agentapi.MaxMessageLen)
 	return nil
 }
 
-func sanitize(s string, max int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
-
 func (s *Server) agentReport(c echo.Context) error {
-	if _, err := s.authAgent(c, "", false); err != nil {
+	p, err := s.authAgent(c)
+	if err != nil {
 		return err
 	}
 	var rep agentapi.Report
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &rep, false); err != nil {
 		return err
 	}
-	p, err := s.authAgent(c, rep.MachineID, true)
-	if err != nil {
+	if err := s.bodyMachine(p, rep.MachineID); err != nil {
 		return err
 	}
 	rep.MachineID = p.Machine

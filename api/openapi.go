@@ -32,6 +32,7 @@ type docOp struct {
 	Body         any    // JSON request body type (zero value), or nil
 	RawBody      string // non-JSON request body media type
 	Status       int
+	AlsoStatus   int // a second success status with the same body, or 0
 	Resp         any // response body type, nil for no body
 	RespType     string
 }
@@ -46,7 +47,7 @@ var (
 		{Name: "version", Type: "string", Desc: "image version (required)"},
 		{Name: "sha256", Type: "string", Desc: "hex SHA-256 of the raw image bytes, decompressed for gzip and zstd (required)"},
 		{Name: "format", Type: "string", Desc: "raw | gzip | zstd (default raw)"},
-		{Name: "size", Type: "integer", Desc: "bytes of the raw (decompressed) content; required for gzip and zstd"},
+		{Name: "size", Type: "integer", Desc: "bytes of the raw (decompressed) content, 1 to 17592186044416 (16 TiB); required for gzip and zstd. The body must decode in its format to exactly this many bytes with this sha256, else 400 and nothing is kept"},
 		{Name: "source", Type: "string", Desc: "where it came from (free text)"},
 	}
 )
@@ -86,7 +87,7 @@ var docOps = []docOp{
 	{Method: "GET", Path: "/v1/images", Summary: "List images", Role: RoleViewer, Status: 200, Resp: ImageList{}},
 	{Method: "POST", Path: "/v1/images", Summary: "Upload an image (streamed body, declared sha256)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, Resp: store.Image{}},
 	{Method: "GET", Path: "/v1/images/{id}", Summary: "Get an image", Role: RoleViewer, Status: 200, Resp: store.Image{}},
-	{Method: "PUT", Path: "/v1/images/{id}", Summary: "Upload an image under a chosen ID", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, Resp: store.Image{}},
+	{Method: "PUT", Path: "/v1/images/{id}", Summary: "Upload an image under a chosen ID: 201 when new; 200 with the stored image, the body unread, when that ID already holds the same name, version, format and sha256 (idempotent); 409 when it holds other content (images are immutable)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, AlsoStatus: 200, Resp: store.Image{}},
 	{Method: "DELETE", Path: "/v1/images/{id}", Summary: "Delete an image", Role: RoleAdmin, Status: 204},
 
 	{Method: "GET", Path: "/v1/jobs", Summary: "List jobs", Role: RoleViewer, Query: []docParam{{Name: "machine", Type: "string", Desc: "only jobs of this machine"}}, Status: 200, Resp: JobList{}},
@@ -217,8 +218,8 @@ func OpenAPI() map[string]any {
 		case "":
 			o["security"] = []any{}
 		case RoleAgent:
-			o["description"] = "Agent per-boot bearer token (kiln.token); machine from the X-Kiln-Machine header or the body machine_id, which must agree."
-			params = append(params, map[string]any{"name": HeaderMachine, "in": "header", "schema": map[string]any{"type": "string"}})
+			o["description"] = "Agent per-boot bearer token (kiln.token), checked against the machine the X-Kiln-Machine header names before the body is read; a body machine_id, when present, must name the same machine."
+			params = append(params, map[string]any{"name": HeaderMachine, "in": "header", "required": true, "schema": map[string]any{"type": "string"}})
 		default:
 			o["description"] = "Needs role " + string(op.Role) + " or higher."
 		}
@@ -239,11 +240,19 @@ func OpenAPI() map[string]any {
 		case op.RespType != "":
 			ok["content"] = map[string]any{op.RespType: map[string]any{"schema": map[string]any{"type": "string"}}}
 		}
-		o["responses"] = map[string]any{
+		resps := map[string]any{
 			strconv.Itoa(op.Status): ok,
 			"default": map[string]any{"description": "error", "content": map[string]any{
 				"application/json": map[string]any{"schema": errRef}}},
 		}
+		if op.AlsoStatus != 0 {
+			also := map[string]any{"description": http.StatusText(op.AlsoStatus)}
+			if c, ok := ok["content"]; ok {
+				also["content"] = c
+			}
+			resps[strconv.Itoa(op.AlsoStatus)] = also
+		}
+		o["responses"] = resps
 		p, _ := paths[op.Path].(map[string]any)
 		if p == nil {
 			p = map[string]any{}

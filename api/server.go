@@ -17,15 +17,24 @@ import (
 
 // Defaults applied by New to zero Config fields.
 const (
-	DefaultAddr             = "127.0.0.1:7480"
-	DefaultListLimit        = 100
-	MaxListLimitCap         = 1000
-	DefaultMaxEventWait     = 60 * time.Second
-	DefaultMaxJSONBytes     = 1 << 20  // 1 MiB
-	DefaultMaxImportBytes   = 64 << 20 // 64 MiB
-	DefaultShutdownTimeout  = 10 * time.Second
-	DefaultReadHeaderTimout = 10 * time.Second
-	DefaultIdleTimeout      = 120 * time.Second
+	DefaultAddr              = "127.0.0.1:7480"
+	DefaultListLimit         = 100
+	MaxListLimitCap          = 1000
+	DefaultMaxEventWait      = 60 * time.Second
+	DefaultMaxJSONBytes      = 1 << 20  // 1 MiB
+	DefaultMaxImportBytes    = 64 << 20 // 64 MiB
+	DefaultShutdownTimeout   = 10 * time.Second
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	// DefaultMaxHeaderBytes bounds a request's header block (bytes): bearer
+	// tokens and query strings are short; net/http's default is 1 MiB.
+	DefaultMaxHeaderBytes = 32 << 10
+	// DefaultBodyIdleTimeout is the longest a read of a request body waits
+	// for the next bytes (see body.go).
+	DefaultBodyIdleTimeout = 30 * time.Second
+	// DefaultJSONBodyTimeout is the longest a JSON request body may take to
+	// arrive whole (at most MaxJSONBytes; see body.go).
+	DefaultJSONBodyTimeout = 15 * time.Second
 	// FailuresInStatus bounds the failed machines listed by /v1/site/status.
 	FailuresInStatus = 50
 )
@@ -48,11 +57,16 @@ type Config struct {
 	// MaxJSONBytes bounds JSON request bodies; MaxImportBytes bounds import files (bytes).
 	MaxJSONBytes   int64 `yaml:"max_json_bytes"`
 	MaxImportBytes int64 `yaml:"max_import_bytes"`
-	// ReadHeaderTimeout, IdleTimeout and ShutdownTimeout of the HTTP server.
-	// There is no whole-request read/write timeout: uploads stream and
-	// events long-poll (bounded by MaxEventWait).
+	// ReadHeaderTimeout, IdleTimeout, MaxHeaderBytes and ShutdownTimeout of
+	// the HTTP server. There is no whole-request read/write timeout: uploads
+	// stream and events long-poll (bounded by MaxEventWait); bodies are
+	// bounded per read by BodyIdleTimeout and, for JSON, in total by
+	// JSONBodyTimeout (body.go says why).
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	MaxHeaderBytes    int           `yaml:"max_header_bytes"`
+	BodyIdleTimeout   time.Duration `yaml:"body_idle_timeout"`
+	JSONBodyTimeout   time.Duration `yaml:"json_body_timeout"`
 	ShutdownTimeout   time.Duration `yaml:"shutdown_timeout"`
 	// ErrorClasses maps other packages' sentinel errors to statuses and
 	// codes (set in code by the appliance, not from the config file).
@@ -79,10 +93,19 @@ func (c *Config) setDefaults() {
 		c.MaxImportBytes = DefaultMaxImportBytes
 	}
 	if c.ReadHeaderTimeout == 0 {
-		c.ReadHeaderTimeout = DefaultReadHeaderTimout
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.BodyIdleTimeout == 0 {
+		c.BodyIdleTimeout = DefaultBodyIdleTimeout
+	}
+	if c.JSONBodyTimeout == 0 {
+		c.JSONBodyTimeout = DefaultJSONBodyTimeout
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
@@ -101,8 +124,11 @@ func (c Config) Validate() error {
 	if c.DefaultListLimit < 1 || c.MaxListLimit < c.DefaultListLimit {
 		return fmt.Errorf("%w: need 1 <= default_list_limit <= max_list_limit", ErrBadConfig)
 	}
-	if c.MaxEventWait < 0 || c.MaxJSONBytes < 0 || c.MaxImportBytes < 0 {
+	if c.MaxEventWait < 0 || c.MaxJSONBytes < 0 || c.MaxImportBytes < 0 || c.MaxHeaderBytes < 0 {
 		return fmt.Errorf("%w: limits must not be negative", ErrBadConfig)
+	}
+	if c.ReadHeaderTimeout < 0 || c.IdleTimeout < 0 || c.BodyIdleTimeout < 0 || c.JSONBodyTimeout < 0 || c.ShutdownTimeout < 0 {
+		return fmt.Errorf("%w: timeouts must not be negative", ErrBadConfig)
 	}
 	for i, ec := range c.ErrorClasses {
 		if ec.Err == nil || ec.Status < 400 || ec.Status > 599 || ec.Code == "" {
@@ -122,7 +148,8 @@ type Server struct {
 	m      *metrics
 	tokens *tokenTable
 	e      *echo.Echo
-	doc    []byte // the OpenAPI document, rendered once
+	h      http.Handler // e behind guardBodies
+	doc    []byte       // the OpenAPI document, rendered once
 }
 
 // New builds the API over b. Metrics are registered in reg (an error if
@@ -155,12 +182,15 @@ func New(cfg Config, b Backend, reg *prometheus.Registry, log *slog.Logger) (*Se
 	e.Use(m.middleware)
 	e.Use(s.recoverPanics)
 	s.e = e
+	s.h = s.guardBodies(e)
 	s.routes()
 	return s, nil
 }
 
-// Handler returns the API as an http.Handler (for httptest or mounting).
-func (s *Server) Handler() http.Handler { return s.e }
+// Handler returns the API as an http.Handler (for httptest or mounting, as
+// the appliance mounts /v1/agent/ on the boot listener). Request bodies are
+// bounded in time (body.go) on whatever server runs it.
+func (s *Server) Handler() http.Handler { return s.h }
 
 // Run serves the API on cfg.Addr (HTTPS when TLSCert/TLSKey are set) until
 // ctx ends, then shuts down gracefully within ShutdownTimeout and returns
@@ -180,9 +210,10 @@ func (s *Server) Run(ctx context.Context, log *slog.Logger) error {
 // Serve is Run on an existing listener (tests pass 127.0.0.1:0). It closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
-		Handler:           s.e,
+		Handler:           s.h,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}

@@ -153,15 +153,19 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		tokens = append(tokens, api.TokenSpec{Name: t.Name, Role: api.Role(t.Role), SHA256: t.SHA256})
 	}
 	apiSrv, err := api.New(api.Config{
-		Addr:    cfg.API.Addr,
-		TLSCert: cfg.API.TLSCert,
-		TLSKey:  cfg.API.TLSKey,
-		Tokens:  tokens,
+		Addr:            cfg.API.Addr,
+		TLSCert:         cfg.API.TLSCert,
+		TLSKey:          cfg.API.TLSKey,
+		Tokens:          tokens,
+		BodyIdleTimeout: cfg.API.BodyIdleTimeout,
+		JSONBodyTimeout: cfg.API.JSONBodyTimeout,
 		ErrorClasses: []api.ErrorClass{
 			{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
 			{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
 			{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
 			{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+			{Err: lifecycle.ErrImageFormat, Status: http.StatusBadRequest, Code: "format_mismatch"},
+			{Err: lifecycle.ErrImageSize, Status: http.StatusBadRequest, Code: "size_mismatch"},
 			{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
 			{Err: lifecycle.ErrImageInUse, Status: http.StatusConflict, Code: "image_in_use"},
 			{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
@@ -302,6 +306,16 @@ func (a *Appliance) Run(ctx context.Context) error {
 	return err
 }
 
+// Limits of the boot listener's http.Server: httpboot's defaults. It sets
+// no ReadTimeout: httpboot refuses every request body unread, and the agent
+// routes bound theirs per read (api/body.go).
+const (
+	bootReadHeaderTimeout = httpboot.DefaultReadHeaderTimeout
+	bootIdleTimeout       = httpboot.DefaultIdleTimeout
+	bootMaxHeaderBytes    = httpboot.DefaultMaxHeaderBytes
+	bootShutdownTimeout   = 5 * time.Second
+)
+
 // serveBoot serves the provisioning network's HTTP: the agent endpoints of the
 // REST API under /v1/agent/ (the in-RAM agent reaches the appliance here), and
 // everything else from httpboot (scripts, environment, images, iPXE).
@@ -314,14 +328,15 @@ func (a *Appliance) serveBoot(ctx context.Context) error {
 		}
 		a.boot.ServeHTTP(w, r)
 	})
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: bootReadHeaderTimeout, IdleTimeout: bootIdleTimeout,
+		MaxHeaderBytes: bootMaxHeaderBytes, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(a.bootLn) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("boot http: %w", err)
 	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), bootShutdownTimeout)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 		<-errc

@@ -25,7 +25,9 @@ type node struct {
 	token  string
 }
 
-func startNode(t *testing.T, id string, join []string) *node {
+// startNode runs an appliance on loopback; mutate, when given, changes its
+// configuration before it is validated.
+func startNode(t *testing.T, id string, join []string, mutate ...func(*Config)) *node {
 	t.Helper()
 	a := freeAddrs(t, 4)
 	cfg := DefaultConfig()
@@ -33,6 +35,9 @@ func startNode(t *testing.T, id string, join []string) *node {
 	cfg.API.Addr, cfg.Raft.Addr, cfg.Raft.ForwardAddr, cfg.Boot.HTTPAddr = a[0], a[1], a[2], a[3]
 	if len(join) > 0 {
 		cfg.Raft.Bootstrap, cfg.Raft.Join = false, join
+	}
+	for _, m := range mutate {
+		m(&cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

@@ -52,13 +52,19 @@ type LogConfig struct {
 
 // APIConfig is the admin REST API listener. TLS is used when both TLSCert and
 // TLSKey are set. AdminTokenFile (default DATA_DIR/admin.token) holds the
-// bootstrap admin token, created 0600 on first start.
+// bootstrap admin token, created 0600 on first start. BodyIdleTimeout (the
+// longest a request-body read waits for more bytes) and JSONBodyTimeout
+// (the longest a JSON body may take to arrive whole) bound slow senders on
+// the API and on the boot listener's agent routes; 0 takes
+// api.DefaultBodyIdleTimeout and api.DefaultJSONBodyTimeout.
 type APIConfig struct {
-	Addr           string      `yaml:"addr"`
-	TLSCert        string      `yaml:"tls_cert"`
-	TLSKey         string      `yaml:"tls_key"`
-	AdminTokenFile string      `yaml:"admin_token_file"`
-	Tokens         []TokenSpec `yaml:"tokens"`
+	Addr            string        `yaml:"addr"`
+	TLSCert         string        `yaml:"tls_cert"`
+	TLSKey          string        `yaml:"tls_key"`
+	AdminTokenFile  string        `yaml:"admin_token_file"`
+	Tokens          []TokenSpec   `yaml:"tokens"`
+	BodyIdleTimeout time.Duration `yaml:"body_idle_timeout"`
+	JSONBodyTimeout time.Duration `yaml:"json_body_timeout"`
 }
 
 // TokenSpec is an API token held as its SHA-256 (hex) with a role
@@ -328,6 +334,7 @@ func (c *Config) validateValues() error {
 		v   time.Duration
 	}{
 		{"bmc.timeout", c.BMC.Timeout}, {"lifecycle.step_timeout", c.Lifecycle.StepTimeout},
+		{"api.body_idle_timeout", c.API.BodyIdleTimeout}, {"api.json_body_timeout", c.API.JSONBodyTimeout},
 		{"lifecycle.boot_timeout", c.Lifecycle.BootTimeout}, {"lifecycle.agent_poll_after", c.Lifecycle.AgentPollAfter},
 		{"lifecycle.reboot_timeout", c.Lifecycle.RebootTimeout},
 	} {

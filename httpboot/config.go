@@ -26,6 +26,9 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultShutdownTimeout   = 10 * time.Second
+	// DefaultMaxHeaderBytes bounds a request's header block (bytes). Boot
+	// firmware sends a few short headers; net/http's default is 1 MiB.
+	DefaultMaxHeaderBytes = 16 << 10
 )
 
 // Config configures the HTTP boot server. Zero fields take the named
@@ -59,9 +62,12 @@ type Config struct {
 	// normally calls Catalog.Upload itself, behind its own auth.
 	AllowUpload bool `yaml:"allow_upload"`
 	// ReadHeaderTimeout, IdleTimeout bound slow clients; there is no write
-	// timeout because image downloads are long.
+	// timeout because image downloads are long, and no read timeout because
+	// no request has a body (ServeHTTP refuses one at once).
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes bounds a request's header block (bytes).
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// ShutdownTimeout bounds the graceful drain when the context ends.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
@@ -88,6 +94,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
@@ -129,6 +138,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReadHeaderTimeout <= 0 || c.IdleTimeout <= 0 || c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("%w: timeouts must be positive", ErrConfig)
+	}
+	if c.MaxHeaderBytes < 1<<10 {
+		return fmt.Errorf("%w: max_header_bytes %d below 1024", ErrConfig, c.MaxHeaderBytes)
 	}
 	return nil
 }

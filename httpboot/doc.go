@@ -19,6 +19,12 @@
 // cleaned here ("//x", "x/", "/a/../x") before Go's ServeMux, which would
 // otherwise redirect, sees it.
 //
+// No route but the upload reads a request body, so a request that carries
+// one (Content-Length above 0, or chunked) is answered 413 at once without
+// reading it, and its connection closed: a client trickling a body holds
+// nothing. Headers are bounded by Config.ReadHeaderTimeout and
+// Config.MaxHeaderBytes.
+//
 // The package imports nothing of Kiln's: the machine state arrives through the
 // Backend interface, which the appliance implements over the store.
 //

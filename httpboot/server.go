@@ -150,8 +150,14 @@ func (s *Server) Addr() net.Addr {
 
 // ServeHTTP cleans the path so that Go's ServeMux never issues its
 // "clean path" 301 ("//x", "/a/../x") nor a trailing-slash redirect, then
-// dispatches. Every boot path answers 2xx, 4xx or 5xx, never 3xx.
+// dispatches. Every boot path answers 2xx, 4xx or 5xx, never 3xx. A request
+// with a body is refused at once (refuseBody), except an upload when
+// Config.AllowUpload is set: no boot endpoint reads one.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 && !(s.cfg.AllowUpload && r.Method == http.MethodPut) {
+		refuseBody(w)
+		return
+	}
 	p := r.URL.Path
 	if p == "" || p[0] != '/' {
 		http.NotFound(w, r)
@@ -192,6 +198,7 @@ func (s *Server) Serve(ctx context.Context, log *slog.Logger, ln net.Listener) e
 		Handler:           s,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
@@ -216,6 +223,17 @@ func (s *Server) Serve(ctx context.Context, log *slog.Logger, ln net.Listener) e
 }
 
 func (s *Server) logger() *slog.Logger { return s.log.Load() }
+
+// refuseBody answers 413 to a request that carries a body (Content-Length
+// above 0, or chunked) without reading it: the connection's read deadline
+// is set to now, so net/http does not first read up to 256 KiB of the body
+// (which a client trickling it would hold for as long as it liked), and the
+// connection is closed after the answer.
+func refuseBody(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	w.Header().Set("Connection", "close")
+	http.Error(w, "boot endpoints take no request body", http.StatusRequestEntityTooLarge)
+}
 
 // countingWriter counts body bytes and keeps io.ReaderFrom so that
 // http.ServeContent of an *os.File still uses sendfile(2).

@@ -308,10 +308,13 @@ func TestUploadRoute(t *testing.T) {
 	if resp, _ = do(t, "GET", e.base+"/images/os-2.raw", nil, nil); resp.StatusCode != 404 {
 		t.Fatalf("rejected upload visible: %d", resp.StatusCode)
 	}
-	// Without AllowUpload, PUT is not routed.
+	// Without AllowUpload, PUT is not routed, and its body is refused unread.
 	n := startHTTP(t, "127.0.0.1:0", nil)
-	if resp, _ = do(t, "PUT", n.base+"/images/x", map[string]string{HeaderImageSHA256: hex.EncodeToString(sum[:])}, bytes.NewReader(img)); resp.StatusCode != 405 {
+	if resp, _ = do(t, "PUT", n.base+"/images/x", map[string]string{HeaderImageSHA256: hex.EncodeToString(sum[:])}, bytes.NewReader(img)); resp.StatusCode != 413 {
 		t.Fatalf("PUT without AllowUpload: %d", resp.StatusCode)
+	}
+	if resp, _ = do(t, "PUT", n.base+"/images/x", nil, nil); resp.StatusCode != 405 {
+		t.Fatalf("PUT without AllowUpload, no body: %d", resp.StatusCode)
 	}
 }
 

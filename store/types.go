@@ -216,6 +216,10 @@ type BMC struct {
 	CACertPEM     string `json:"ca_cert_pem,omitempty"`
 }
 
+// MaxImageSize bounds Image.Size: 16 TiB (2^44 bytes), more than any OS
+// image and within int64, so a declared size can never wrap to "unknown".
+const MaxImageSize = 1 << 44
+
 // Image is a pinned OS image in the catalog. SizeBytes in bytes; SHA256 hex.
 type Image struct {
 	Meta

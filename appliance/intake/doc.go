@@ -19,4 +19,13 @@
 // any bad row yields no machines ("a file with any bad row imports nothing").
 // MACs are normalised to lower-case colon form; a MAC, serial or name used
 // twice within a file is an error on the later row.
+//
+// rules.go is the one home of the record field rules: machine names
+// (CheckName), free text (CheckText, TextRune: no control, line-separator or
+// bidirectional characters), labels (CheckLabel), host names
+// (CheckHostname), BMC addresses (CheckHostPort) and the sanitising of text
+// that comes from machines (SanitizeText). Import applies them to every
+// row; the REST API (package api) applies the same functions to its request
+// bodies, the lifecycle controller to claims and BMC enrolments, and the
+// kiln CLI escapes what TextRune refuses before printing a table.
 package intake

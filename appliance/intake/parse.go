@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
-	"unicode/utf8"
 
 	"kiln/store"
 )
@@ -41,8 +40,6 @@ const (
 // Limits of one import file.
 const (
 	MaxRows      = 50000 // machines per file
-	maxTextLen   = 128   // vendor, model, site, rack, serial...
-	maxNameLen   = 63    // machine name (a DNS label)
 	maxDisks     = 64    // disks per machine
 	maxCPUs      = 65536 // logical CPUs per machine
 	maxMemoryGiB = 1 << 20
@@ -416,11 +413,7 @@ func readJSON(r io.Reader) ([]rawRow, []RowError, error) {
 	return rows, errs, nil
 }
 
-var (
-	nameRe     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`)
-	labelKeyRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$`)
-	diskRe     = regexp.MustCompile(`^(?i)(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*([kmgtp]i?b|b)?$`)
-)
+var diskRe = regexp.MustCompile(`^(?i)(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*([kmgtp]i?b|b)?$`)
 
 // machine validates the row and builds its registered machine.
 func (raw rawRow) machine() (store.Machine, []RowError) {
@@ -428,33 +421,24 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	bad := func(field, format string, a ...any) {
 		errs = append(errs, RowError{raw.line, field, fmt.Sprintf(format, a...)})
 	}
-	text := func(field string, max int) string {
+	text := func(field string) string {
 		v := raw.vals[field]
-		if len(v) > max {
-			bad(field, "longer than %d bytes", max)
-			return ""
-		}
-		if !printable(v) {
-			bad(field, "contains control characters or invalid UTF-8")
+		if err := CheckText(v, MaxTextLen); err != nil {
+			bad(field, "%v", err)
 			return ""
 		}
 		return v
 	}
 	m := store.Machine{State: store.StateRegistered}
 	m.Name = raw.vals["name"]
-	switch {
-	case m.Name == "":
-		bad("name", "required")
-	case len(m.Name) > maxNameLen:
-		bad("name", "longer than %d bytes", maxNameLen)
-	case !nameRe.MatchString(m.Name):
-		bad("name", "%q: use letters, digits, '.', '-' and '_'", m.Name)
+	if err := CheckName(m.Name); err != nil {
+		bad("name", "%v", err)
 	}
-	m.Intended.Serial = text("serial", maxTextLen)
-	m.Intended.Vendor = text("vendor", maxTextLen)
-	m.Intended.Model = text("model", maxTextLen)
-	m.Site = text("site", maxTextLen)
-	m.Rack = text("rack", maxTextLen)
+	m.Intended.Serial = text("serial")
+	m.Intended.Vendor = text("vendor")
+	m.Intended.Model = text("model")
+	m.Site = text("site")
+	m.Rack = text("rack")
 	if v := raw.vals["u"]; v != "" {
 		f, err := strconv.ParseFloat(v, 64) // NetBox exports positions as "12.0"
 		if err != nil || f < 1 || f > maxRackUnit || f != math.Trunc(f) {
@@ -464,8 +448,8 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		}
 	}
 	if v := raw.vals["bmc_address"]; v != "" {
-		if err := checkHostPort(v); err != nil {
-			bad("bmc_address", "%q: %v", v, err)
+		if err := CheckHostPort(v); err != nil {
+			bad("bmc_address", "%v", err)
 		} else {
 			m.Intended.BMCAddress = v
 		}
@@ -567,17 +551,14 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		}
 	}
 	for k, v := range labels {
-		if !labelKeyRe.MatchString(k) {
-			bad("labels", "key %q: want letters, digits, '.', '_', '-', '/' (max 63)", k)
-		}
-		if len(v) > 255 || !printable(v) {
-			bad("labels", "value of %q: printable text of at most 255 bytes", k)
+		if err := CheckLabel(k, v); err != nil {
+			bad("labels", "%v", err)
 		}
 	}
 	if len(labels) > 0 {
 		m.Labels = labels
 	}
-	m.RootDisk.Serial = text("root_disk_serial", maxTextLen)
+	m.RootDisk.Serial = text("root_disk_serial")
 	if v := raw.vals["root_disk_min_gib"]; v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f < 0 || f > 1<<30 {
@@ -598,18 +579,6 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	return m, errs
 }
 
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			return false
-		}
-	}
-	return true
-}
-
 // normMAC parses an EUI-48 MAC in any form net.ParseMAC accepts and returns
 // it lower-case with colons.
 func normMAC(s string) (string, error) {
@@ -618,29 +587,6 @@ func normMAC(s string) (string, error) {
 		return "", fmt.Errorf("%q: not an EUI-48 MAC address", s)
 	}
 	return hw.String(), nil
-}
-
-func checkHostPort(v string) error {
-	host := v
-	if h, p, err := net.SplitHostPort(v); err == nil {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 1 || n > 65535 {
-			return errors.New("bad port")
-		}
-		host = h
-	}
-	if _, err := netip.ParseAddr(host); err == nil {
-		return nil
-	}
-	if len(host) > 253 || host == "" {
-		return errors.New("want host or host:port")
-	}
-	for _, label := range strings.Split(host, ".") {
-		if label == "" || len(label) > 63 || !nameRe.MatchString(label) || strings.Contains(label, "_") {
-			return errors.New("want an IP address or DNS name, optionally with :port")
-		}
-	}
-	return nil
 }
 
 var sizeUnits = map[string]float64{

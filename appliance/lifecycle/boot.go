@@ -13,9 +13,9 @@ import (
 	"regexp"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
+	"kiln/appliance/intake"
 	"kiln/store"
 )
 
@@ -368,15 +368,10 @@ func (c *Controller) VerifyAgentToken(machineID, token string) bool {
 var tokenArg = regexp.MustCompile(`(?i)(kiln\.token=|bearer\s+)\S+`)
 
 // sanitize makes agent or BMC text safe to store and show: valid UTF-8,
-// control characters (except none) replaced by spaces, tokens redacted.
+// every character free text may not hold (intake.TextRune) replaced by a
+// space, tokens redacted. Length is the caller's (truncate).
 func sanitize(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
-			return ' '
-		}
-		return r
-	}, s)
+	s = intake.SanitizeText(s, -1)
 	s = tokenArg.ReplaceAllString(s, "${1}REDACTED")
 	return strings.TrimSpace(s)
 }

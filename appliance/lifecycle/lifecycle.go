@@ -39,8 +39,15 @@ var (
 	ErrNoSealer = errors.New("lifecycle: no credential sealer configured")
 	// ErrNoCatalog: UploadImage needs Config.Catalog.
 	ErrNoCatalog = errors.New("lifecycle: no image catalog configured")
-	// ErrDigest: the uploaded image's SHA-256 differs from the declared one.
+	// ErrDigest: the uploaded image's SHA-256 differs from the declared one
+	// (for gzip and zstd: the SHA-256 of the decompressed content).
 	ErrDigest = errors.New("lifecycle: image digest mismatch")
+	// ErrImageFormat: a gzip or zstd image's body does not decode in that
+	// format (or holds data after the compressed stream).
+	ErrImageFormat = errors.New("lifecycle: image body is not in its declared format")
+	// ErrImageSize: a gzip or zstd image's decompressed content is not the
+	// declared size.
+	ErrImageSize = errors.New("lifecycle: image content is not the declared size")
 	// ErrAgentActive: BootFor refused to issue a new per-boot token because
 	// the machine's agent is (or may be) still running with the current one
 	// (heard from within Controller.AgentLiveWindow). Not a failure: the

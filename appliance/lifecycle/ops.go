@@ -7,11 +7,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
-	"net/netip"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 
 	"kiln/appliance/intake"
@@ -55,8 +52,6 @@ func (c *Controller) Import(ctx context.Context, r io.Reader, format string, w s
 	return res, nil
 }
 
-var hostnameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
-
 // checkClaim validates a claim and that its image exists.
 func (c *Controller) checkClaim(cl store.Claim) error {
 	if cl.Image == "" {
@@ -68,8 +63,10 @@ func (c *Controller) checkClaim(cl store.Claim) error {
 		}
 		return err
 	}
-	if cl.Hostname != "" && (len(cl.Hostname) > 253 || !hostnameRe.MatchString(cl.Hostname)) {
-		return fmt.Errorf("%w: claim.hostname %q: want a lower-case DNS name", ErrInvalid, cl.Hostname)
+	if cl.Hostname != "" {
+		if err := intake.CheckHostname(cl.Hostname); err != nil {
+			return fmt.Errorf("%w: claim.hostname: %v", ErrInvalid, err)
+		}
 	}
 	return nil
 }
@@ -312,8 +309,8 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 	if !bmcDrivers[b.Driver] {
 		return store.BMC{}, fmt.Errorf("%w: driver %q: want redfish, ipmi or auto", ErrInvalid, b.Driver)
 	}
-	if err := checkAddress(b.Address); err != nil {
-		return store.BMC{}, fmt.Errorf("%w: address %q: %v", ErrInvalid, b.Address, err)
+	if err := intake.CheckHostPort(b.Address); err != nil {
+		return store.BMC{}, fmt.Errorf("%w: address: %v", ErrInvalid, err)
 	}
 	if b.Username == "" {
 		return store.BMC{}, fmt.Errorf("%w: username is required", ErrInvalid)
@@ -361,32 +358,31 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 	return out, nil
 }
 
-func checkAddress(a string) error {
-	host := a
-	if h, p, err := net.SplitHostPort(a); err == nil {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return errors.New("bad port")
-		}
-		host = h
-	}
-	if _, err := netip.ParseAddr(host); err == nil {
-		return nil
-	}
-	if host == "" || len(host) > 253 || !hostnameRe.MatchString(strings.ToLower(host)) {
-		return errors.New("want host or host:port")
-	}
-	return nil
-}
-
 var imageNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // UploadImage streams r into the catalog under meta.Name and records the
-// image. Format raw (default): meta.SHA256, when given, must equal the
-// bytes' digest; Size and SHA256 are taken from what was stored. Format
-// gzip|zstd: meta.SHA256 and meta.Size must state the raw (decompressed)
-// digest and size the agent verifies after writing. A name already in the
-// catalog is a conflict (images are pinned; upload a new name). Errors:
-// ErrNoCatalog, ErrInvalid, ErrDigest, store.ErrConflict, the catalog's error.
+// image. Images are immutable content pinned by digest:
+//
+//   - meta.ID "" lets the store choose the ID (POST /v1/images). A chosen ID
+//     (PUT /v1/images/{id}) must not name another image: when an image with
+//     that ID exists and has the same name, version, format and SHA-256 (and
+//     size, when meta.Size is given), it is returned as it is and r is not
+//     read (a repeated upload is idempotent); any other image there is
+//     store.ErrConflict.
+//   - A name already in the catalog is store.ErrConflict (upload a new name).
+//   - meta.Size, when given, is 1..store.MaxImageSize bytes.
+//   - Format raw (default): meta.SHA256 and meta.Size, when given, must be
+//     the stored bytes' digest and length (the catalog checks them); both are
+//     then taken from what was stored.
+//   - Format gzip|zstd: meta.SHA256 and meta.Size are required and state the
+//     raw (decompressed) content the agent writes. The body is decoded while
+//     it is stored (contentCheck): a body that does not decode is
+//     ErrImageFormat, decompressed content of another length ErrImageSize, of
+//     another digest ErrDigest.
+//
+// On any error nothing is recorded and the catalog keeps nothing. Errors:
+// ErrNoCatalog, ErrInvalid, ErrDigest, ErrImageFormat, ErrImageSize,
+// store.ErrConflict, the catalog's error (a read error of r among them).
 func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error) {
 	if c.cfg.Catalog == nil {
 		return store.Image{}, ErrNoCatalog
@@ -400,6 +396,9 @@ func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Rea
 			return store.Image{}, fmt.Errorf("%w: sha256 %q: want 64 hex digits", ErrInvalid, meta.SHA256)
 		}
 	}
+	if meta.Size > store.MaxImageSize {
+		return store.Image{}, fmt.Errorf("%w: size_bytes %d: more than the largest image, %d bytes (16 TiB)", ErrInvalid, meta.Size, uint64(store.MaxImageSize))
+	}
 	if meta.Format == "" {
 		meta.Format = "raw"
 	}
@@ -412,27 +411,32 @@ func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Rea
 	default:
 		return store.Image{}, fmt.Errorf("%w: format %q: want raw, gzip or zstd", ErrInvalid, meta.Format)
 	}
-	// One upload per name at a time: the name check below and the catalog's
-	// atomic replace would otherwise let two concurrent uploads both pass
-	// the check, one file replace the other and both be recorded, one of
+	// One upload per name and per chosen ID at a time: the checks below and
+	// the catalog's atomic replace would otherwise let two concurrent uploads
+	// both pass, one file replace the other and both be recorded, one of
 	// them with a digest the served file does not have.
-	c.mu.Lock()
-	if c.uploading == nil {
-		c.uploading = map[string]bool{}
+	keys := []string{"name:" + meta.Name}
+	if meta.ID != "" {
+		keys = append(keys, "id:"+meta.ID)
 	}
-	busy := c.uploading[meta.Name]
-	if !busy {
-		c.uploading[meta.Name] = true
+	release, ok := c.claimUpload(keys)
+	if !ok {
+		return store.Image{}, fmt.Errorf("lifecycle: image %q (id %q) is being uploaded: %w", meta.Name, meta.ID, store.ErrConflict)
 	}
-	c.mu.Unlock()
-	if busy {
-		return store.Image{}, fmt.Errorf("lifecycle: image name %q is being uploaded: %w", meta.Name, store.ErrConflict)
+	defer release()
+	if meta.ID != "" {
+		cur, err := c.st.GetImage(meta.ID)
+		switch {
+		case err == nil:
+			if sameImage(cur, meta) {
+				return cur, nil
+			}
+			return store.Image{}, fmt.Errorf("lifecycle: image %s exists with other content (name %q, version %q, %s, sha256 %s); images are immutable, upload under a new ID: %w",
+				cur.ID, cur.Name, cur.Version, cur.Format, cur.SHA256, store.ErrConflict)
+		case !errors.Is(err, store.ErrNotFound):
+			return store.Image{}, err
+		}
 	}
-	defer func() {
-		c.mu.Lock()
-		delete(c.uploading, meta.Name)
-		c.mu.Unlock()
-	}()
 	imgs, err := c.st.ListImages()
 	if err != nil {
 		return store.Image{}, err
@@ -442,14 +446,18 @@ func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Rea
 			return store.Image{}, fmt.Errorf("lifecycle: image name %q is image %s: %w", meta.Name, im.ID, store.ErrConflict)
 		}
 	}
-	want, size := "", int64(-1)
+	want, size, body := "", int64(-1), r
 	if meta.Format == "raw" {
 		want = meta.SHA256
 		if meta.Size > 0 {
 			size = int64(meta.Size)
 		}
+	} else {
+		cc := newContentCheck(meta.Format, r, meta.Size, meta.SHA256)
+		defer cc.stop()
+		body = cc
 	}
-	ent, err := c.cfg.Catalog.Upload(ctx, meta.Name, r, want, size)
+	ent, err := c.cfg.Catalog.Upload(ctx, meta.Name, body, want, size)
 	if err != nil {
 		return store.Image{}, fmt.Errorf("lifecycle: upload image %s: %w", meta.Name, err)
 	}
@@ -462,12 +470,44 @@ func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Rea
 	if meta.Source == "" {
 		meta.Source = "upload"
 	}
-	meta.ID, meta.ResourceVersion = "", 0
+	meta.ResourceVersion = 0
 	out, err := c.st.PutImage(ctx, meta, withDefaults(w, "image_uploaded"))
 	if err != nil {
 		return store.Image{}, fmt.Errorf("lifecycle: record image %s: %w", meta.Name, err)
 	}
 	return out, nil
+}
+
+// sameImage reports whether upload meta describes image cur: same name,
+// version, format and SHA-256, and the same size when meta gives one.
+func sameImage(cur, meta store.Image) bool {
+	return cur.Name == meta.Name && cur.Version == meta.Version && cur.Format == meta.Format &&
+		cur.SHA256 == meta.SHA256 && (meta.Size == 0 || cur.Size == meta.Size)
+}
+
+// claimUpload marks keys as being uploaded; ok is false (and nothing is
+// marked) when one of them already is. release unmarks them.
+func (c *Controller) claimUpload(keys []string) (release func(), ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.uploading == nil {
+		c.uploading = map[string]bool{}
+	}
+	for _, k := range keys {
+		if c.uploading[k] {
+			return nil, false
+		}
+	}
+	for _, k := range keys {
+		c.uploading[k] = true
+	}
+	return func() {
+		c.mu.Lock()
+		for _, k := range keys {
+			delete(c.uploading, k)
+		}
+		c.mu.Unlock()
+	}, true
 }
 
 // DeleteImage deletes image id unless an available or provisioning

@@ -62,12 +62,12 @@ type apiError struct {
 
 func (e *apiError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d %s", e.Status, e.Detail.Code)
+	fmt.Fprintf(&b, "%d %s", e.Status, termSafe(e.Detail.Code))
 	if msg := strings.TrimPrefix(e.Detail.Message, e.Detail.Code+": "); msg != "" {
-		fmt.Fprintf(&b, ": %s", msg)
+		fmt.Fprintf(&b, ": %s", termSafe(msg))
 	}
 	for _, r := range e.Detail.Rows {
-		fmt.Fprintf(&b, "\n  line %d, field %s: %s", r.Line, r.Field, r.Msg)
+		fmt.Fprintf(&b, "\n  line %d, field %s: %s", r.Line, termSafe(r.Field), termSafe(r.Msg))
 	}
 	if e.hint != "" {
 		fmt.Fprintf(&b, " — %s", e.hint)

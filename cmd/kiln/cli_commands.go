@@ -20,13 +20,13 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"kiln/api"
+	"kiln/appliance/intake"
 	"kiln/store"
 )
 
@@ -198,7 +198,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				return err
 			}
 			if next != "" && o.output == outTable {
-				fmt.Fprintf(cmd.ErrOrStderr(), "more: --after %s\n", next)
+				fmt.Fprintf(cmd.ErrOrStderr(), "more: --after %s\n", termSafe(next))
 			}
 			return nil
 		},
@@ -582,11 +582,12 @@ func printEvents(w io.Writer, tw *tabwriter.Writer, format string, el api.EventL
 	}
 }
 
-// oneLine makes s fit one table cell: control characters (tabs, newlines)
-// become spaces and it is cut to max runes with "…".
+// oneLine makes s fit one table cell: characters free text may not hold
+// (intake.TextRune: tabs, newlines, other controls) become spaces and it is
+// cut to max runes with "…".
 func oneLine(s string, max int) string {
 	r := []rune(strings.Map(func(c rune) rune {
-		if unicode.IsControl(c) {
+		if !intake.TextRune(c) {
 			return ' '
 		}
 		return c

@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"kiln/appliance/intake"
 )
 
 // Output formats of -o.
@@ -90,10 +94,39 @@ func dash(s string) string {
 	return s
 }
 
+// row writes one table row. Every cell goes through termSafe: a name or
+// message from the server never reaches the terminal as a raw control
+// character.
 func row(tw io.Writer, cols ...any) {
 	parts := make([]string, len(cols))
 	for i, c := range cols {
-		parts[i] = fmt.Sprint(c)
+		parts[i] = termSafe(fmt.Sprint(c))
 	}
 	fmt.Fprintln(tw, strings.Join(parts, "\t"))
+}
+
+// termSafe returns s with every character that free text may not hold
+// (intake.TextRune: control characters such as ESC, NUL, TAB and newline,
+// U+2028/U+2029 and the bidirectional controls such as U+202E) written as a
+// visible Go-style escape (\x1b, \n, \u202e), and every byte of invalid
+// UTF-8 as \xNN. Text that passes intake.Printable is returned unchanged.
+func termSafe(s string) string {
+	if intake.Printable(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case intake.TextRune(r):
+			b.WriteString(s[i : i+n])
+		default:
+			q := strconv.QuoteRune(r) // '\x1b', '\n', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += n
+	}
+	return b.String()
 }
