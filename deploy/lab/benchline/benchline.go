@@ -38,6 +38,7 @@ func Need(t testing.TB, root bool, bins ...string) {
 	t.Helper()
 	if os.Getenv(Env) != "1" {
 		t.Skipf("benchmark: set %s=1 (make bench)", Env)
+		return
 	}
 	if root && os.Geteuid() != 0 {
 		t.Fatalf("benchmark needs root (network namespaces); run make bench as root")
@@ -85,6 +86,7 @@ func Print(t testing.TB, l Line) {
 	if err != nil {
 		fmt.Printf("bench: %s FAILED: %v\n", l.Name, err)
 		t.Fatalf("bench %s: %v", l.Name, err)
+		return
 	}
 	fmt.Println(s)
 }

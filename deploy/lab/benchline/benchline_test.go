@@ -1,6 +1,7 @@
 package benchline
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -52,5 +53,45 @@ func TestNum(t *testing.T) {
 		if got := Num(v); got != want {
 			t.Errorf("Num(%v) = %q, want %q", v, got, want)
 		}
+	}
+}
+
+// recTB records Fatalf and Skipf instead of ending the test.
+type recTB struct {
+	testing.TB
+	fatal, skip []string
+}
+
+func (r *recTB) Helper()                   {}
+func (r *recTB) Fatalf(f string, a ...any) { r.fatal = append(r.fatal, fmt.Sprintf(f, a...)) }
+func (r *recTB) Skipf(f string, a ...any)  { r.skip = append(r.skip, fmt.Sprintf(f, a...)) }
+
+// A peer that never ran (figure 0) fails the test instead of printing ratio=0.
+func TestPrintFailsOnMissingPeer(t *testing.T) {
+	r := &recTB{TB: t}
+	Print(r, Line{Name: "dhcp_dora_per_s", Unit: "exchanges/s", Kiln: 4000, Peer: &Peer{What: "kea", Value: 0}})
+	if len(r.fatal) != 1 || !strings.Contains(r.fatal[0], "peer kea figure is 0") {
+		t.Fatalf("Print with a zero peer: fatal %q", r.fatal)
+	}
+	r = &recTB{TB: t}
+	Print(r, Line{Name: "x", Unit: "s", Kiln: 1, Peer: &Peer{What: "kea", Value: 2}})
+	if len(r.fatal) != 0 {
+		t.Fatalf("Print of a valid line failed: %q", r.fatal)
+	}
+}
+
+// Without KILN_BENCH=1 a bench skips; with it, a missing peer binary fails.
+func TestNeed(t *testing.T) {
+	t.Setenv(Env, "")
+	r := &recTB{TB: t}
+	Need(r, false)
+	if len(r.skip) == 0 || len(r.fatal) != 0 {
+		t.Fatalf("KILN_BENCH unset: skip %q fatal %q", r.skip, r.fatal)
+	}
+	t.Setenv(Env, "1")
+	r = &recTB{TB: t}
+	Need(r, false, "sh", "kiln-no-such-peer-binary")
+	if len(r.skip) != 0 || len(r.fatal) != 1 || !strings.Contains(r.fatal[0], "kiln-no-such-peer-binary") {
+		t.Fatalf("KILN_BENCH=1, missing binary: skip %q fatal %q", r.skip, r.fatal)
 	}
 }
