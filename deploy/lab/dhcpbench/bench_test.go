@@ -257,9 +257,11 @@ func (s *server) step(t *testing.T, n *nets, macFile string, rate int, d time.Du
 	}
 	args := []string{"netns", "exec", n.cliNS, "perfdhcp", "-4", "-l", s.client, "-r", strconv.Itoa(rate),
 		"-p", strconv.Itoa(int(d.Seconds())), "-M", macFile, "-s", perfdhcpSeed, "-W", "500000", s.ip}
+	sb, cb := udpRcvbufErrors(t, s.ns), udpRcvbufErrors(t, n.cliNS)
 	c0 := s.cpu(t)
 	out, err := exec.Command("ip", args...).CombinedOutput()
 	c1 := s.cpu(t)
+	sa, ca := udpRcvbufErrors(t, s.ns), udpRcvbufErrors(t, n.cliNS)
 	// exit status 3: some exchanges did not complete (drops), a result.
 	if ee, ok := err.(*exec.ExitError); err != nil && !(ok && ee.ExitCode() == 3) {
 		t.Fatalf("perfdhcp against %s at %d/s: %v\n%s", s.name, rate, err, out)
@@ -273,6 +275,7 @@ func (s *server) step(t *testing.T, n *nets, macFile string, rate int, d time.Du
 		doDrops: num(dm[0][1]), raDrops: num(dm[1][1]), cpu: c1 - c0, duration: d}
 	t.Logf("%s r=%d: achieved %.0f/s, %d of %d exchanges done (%.2f%% lost; DO %.2f%% RA %.2f%%), CPU %.2f s = %.0f µs/exchange, pass=%v",
 		s.name, rate, r.rate, r.acked, r.sent, r.dropPct(), r.doDrops, r.raDrops, r.cpu, r.cpuPerExchange(), r.pass(rate))
+	t.Logf("%s r=%d: UDP receive-buffer overflows: server %d, perfdhcp %d", s.name, rate, sa-sb, ca-cb)
 	if s.counters != nil {
 		m1 := s.counters(t)
 		var parts []string
@@ -285,6 +288,35 @@ func (s *server) step(t *testing.T, n *nets, macFile string, rate int, d time.Du
 		t.Logf("%s r=%d: %.0f leases durable in %.0f group commits (%.1f per commit); %s", s.name, rate, l, c, l/max(c, 1), strings.Join(parts, ", "))
 	}
 	return r
+}
+
+// udpRcvbufErrors is the UDP RcvbufErrors counter of namespace ns
+// (/proc/net/snmp): datagrams dropped because a socket's buffer was full.
+func udpRcvbufErrors(t *testing.T, ns string) int {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/net/snmp").Output()
+	if err != nil {
+		t.Fatalf("/proc/net/snmp in %s: %v", ns, err)
+	}
+	var head []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if head == nil {
+			head = f
+			continue
+		}
+		for i, h := range head {
+			if h == "RcvbufErrors" && i < len(f) {
+				v, _ := strconv.Atoi(f[i])
+				return v
+			}
+		}
+	}
+	t.Fatalf("no Udp RcvbufErrors in /proc/net/snmp of %s", ns)
+	return 0
 }
 
 // startKiln runs `bin/kiln serve` in Kiln's namespace (DHCP on its veth, API
