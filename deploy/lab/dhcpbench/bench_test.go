@@ -286,6 +286,10 @@ func (s *server) step(t *testing.T, n *nets, macFile string, rate int, d time.Du
 		}
 		c, l := m1["commits"]-m0["commits"], m1["leases"]-m0["leases"]
 		t.Logf("%s r=%d: %.0f leases durable in %.0f group commits (%.1f per commit); %s", s.name, rate, l, c, l/max(c, 1), strings.Join(parts, ", "))
+		if l < float64(r.acked) {
+			// every ACK waits for its lease's commit (dhcp/DESIGN.md)
+			t.Errorf("%s r=%d: %d ACKs received but only %.0f leases made durable", s.name, rate, r.acked, l)
+		}
 	}
 	return r
 }
