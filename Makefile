@@ -33,8 +33,8 @@ e2e: build env ## End to end: real VMs PXE-boot from Kiln to provisioned (BIOS a
 	set -o pipefail; KILN_E2E=1 $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2E' ./deploy/lab/e2e/ 2>&1 | tee e2e.log | grep -E '^(e2e:|--- |=== RUN|ok|FAIL|PASS|panic)'
 	@! grep -qE '^(--- FAIL|FAIL)' e2e.log
 
-bench: ## Benchmarks next to a peer measured in the same run (bench: lines), one package at a time
-	set -o pipefail; KILN_BENCH=1 $(GO) test -p 1 -count=1 -timeout 30m -v -run 'TestBench' ./... 2>&1 | tee bench.log | grep -E '^bench:'
+bench: build env ## Benchmarks (bench: lines, a peer measured in the same run or "(no peer)"), one package at a time
+	set -o pipefail; KILN_BENCH=1 KILN_ENV_DIR=$(abspath $(ENV_OUT)) $(GO) test -p 1 -count=1 -timeout 30m -v -run 'TestBench' ./... 2>&1 | tee bench.log | grep -E '^(bench:|--- FAIL|FAIL)'
 	@! grep -qE '^(--- FAIL|FAIL)' bench.log
 
 lint: depcheck ## gofmt, go vet, import direction

@@ -11,16 +11,15 @@ import (
 	"time"
 
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
+
+	"kiln/deploy/lab/benchline"
 )
 
 // TestBenchBoot (KILN_BENCH=1): 200 parallel fetches of ipxe.efi over TFTP
 // (curl, blksize 1468) from a network namespace, against Kiln and against
 // dnsmasq's TFTP server on the same veth link, in the same run.
 func TestBenchBoot(t *testing.T) {
-	if os.Getenv("KILN_BENCH") != "1" {
-		t.Skip("benchmark: set KILN_BENCH=1")
-	}
-	needRoot(t, "curl", "dnsmasq")
+	benchline.Need(t, true, "ip", "curl", "dnsmasq")
 	const clients = 200
 	l := newLink(t, 3, 1500)
 	peerIP := "10.72.3.3"
@@ -68,7 +67,7 @@ func TestBenchBoot(t *testing.T) {
 			peer = p
 		}
 	}
-	fmt.Printf("bench: tftp_200_parallel_seconds kiln=%.3f peer=%.3f unit=seconds ratio=%.3f\n", kiln, peer, kiln/peer)
+	benchline.Print(t, benchline.Line{Name: "tftp_200_parallel_seconds", Unit: "s", Kiln: kiln, Peer: &benchline.Peer{What: "dnsmasq-tftp", Value: peer}})
 }
 
 // hostVeth finds the host end of l's veth pair by its address.

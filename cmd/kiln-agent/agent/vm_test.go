@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/benchline"
 )
 
 // repoRoot walks up from the test's directory to go.mod.
@@ -304,9 +305,7 @@ var peerLine = regexp.MustCompile(`kiln-init: bench peer wget\|dd t0=([0-9.]+) t
 // conv=fsync` of the image into a second virtio disk, then the agent's write step into the
 // first; both include the final flush. Prints a bench: line.
 func TestBenchAgentWrite(t *testing.T) {
-	if os.Getenv("KILN_BENCH") != "1" {
-		t.Skip("set KILN_BENCH=1 to run benchmarks")
-	}
+	benchline.Need(t, false, "qemu-system-x86_64", "sfdisk", "mkfs.ext4", "mdir", "mcopy")
 	res := bootVM(t, 96, true)
 	w := checkVMResult(t, res)
 	m := peerLine.FindStringSubmatch(res.serial)
@@ -321,5 +320,5 @@ func TestBenchAgentWrite(t *testing.T) {
 		t.Error("peer disk does not hold the image")
 	}
 	kiln, _ := strconv.ParseFloat(w["write_bytes_per_s"], 64)
-	fmt.Printf("bench: agent_write_bytes_per_s kiln=%.0f peer=%.0f unit=bytes/s ratio=%.3f\n", kiln, peerBps, kiln/peerBps)
+	benchline.Print(t, benchline.Line{Name: "agent_write_bytes_per_s", Unit: "bytes/s", Kiln: kiln, Peer: &benchline.Peer{What: "busybox-wget|dd", Value: peerBps}})
 }
