@@ -53,15 +53,24 @@ var (
 )
 
 // StateError is returned (wrapping ErrWrongState) when an operation does
-// not apply to the machine's current state.
+// not apply to the machine's current state: State is not one of Want, or
+// (Claimed) State is wanted but the machine already carries a claim, whose
+// image is ClaimedImage; the message then says that, instead of
+// contrasting a state with itself.
 type StateError struct {
-	Op      string
-	Machine string
-	State   store.MachineState
-	Want    []store.MachineState
+	Op           string
+	Machine      string
+	State        store.MachineState
+	Want         []store.MachineState
+	Claimed      bool
+	ClaimedImage string
 }
 
 func (e *StateError) Error() string {
+	if e.Claimed {
+		return fmt.Sprintf("lifecycle: %s machine %s: it is %s but already claimed (image %s); release it first",
+			e.Op, e.Machine, e.State, e.ClaimedImage)
+	}
 	want := make([]string, len(e.Want))
 	for i, s := range e.Want {
 		want[i] = string(s)

@@ -89,7 +89,8 @@ func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w
 			return &StateError{Op: "provision", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable}}
 		}
 		if m.Claim != nil {
-			return &StateError{Op: "provision (already claimed)", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable}}
+			return &StateError{Op: "provision", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable},
+				Claimed: true, ClaimedImage: m.Claim.Image}
 		}
 		claim := cl
 		m.Claim = &claim
@@ -266,7 +267,7 @@ func (c *Controller) Inspect(ctx context.Context, id string, w store.W) (store.M
 			return &StateError{Op: "inspect", Machine: id, State: m.State, Want: from}
 		}
 		if m.Claim != nil && m.State == store.StateAvailable {
-			return &StateError{Op: "inspect (claimed; release first)", Machine: id, State: m.State, Want: from}
+			return &StateError{Op: "inspect", Machine: id, State: m.State, Want: from, Claimed: true, ClaimedImage: m.Claim.Image}
 		}
 		m.State = store.StateInspecting
 		m.Reason, m.Message = w.Reason, w.Message
