@@ -590,7 +590,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("restore: %s: %w", f.path, err)
 	}
 	f.ix.mu.Lock()
-	f.ix.mac, f.ix.state = ix.mac, ix.state
+	f.ix.mac, f.ix.state, f.ix.ref = ix.mac, ix.state, ix.ref
 	f.ix.mu.Unlock()
 	var last, applied uint64
 	_ = db.View(func(tx *bbolt.Tx) error {
