@@ -17,6 +17,9 @@
 //
 // Every bad row is reported with its line and field in *ErrRows; a file with
 // any bad row yields no machines ("a file with any bad row imports nothing").
-// MACs are normalised to lower-case colon form; a MAC, serial or name used
-// twice within a file is an error on the later row.
+// MACs follow store.ParseMachineMAC (EUI-48, unicast, not all zeros) and are
+// normalised to lower-case colon form. The checks here are per row; that a
+// name, serial or MAC is used by one machine only — within the file and
+// against stored machines — is decided by the store when the rows are
+// written (store.ImportMachines), which the lifecycle maps back to lines.
 package intake

@@ -33,8 +33,6 @@ var (
 	ErrMachineMismatch = errors.New("lifecycle: agent message names another machine")
 	// ErrBadReport: an agent report carries an unknown step, state or reason.
 	ErrBadReport = errors.New("lifecycle: malformed agent report")
-	// ErrImageInUse: the image is named by a claim of a machine.
-	ErrImageInUse = errors.New("lifecycle: image is used by a machine claim")
 	// ErrNoSealer: EnrollBMC needs Config.Sealer.
 	ErrNoSealer = errors.New("lifecycle: no credential sealer configured")
 	// ErrNoCatalog: UploadImage needs Config.Catalog.
@@ -90,6 +88,7 @@ type Store interface {
 	ListMachines(opt store.ListOptions) ([]store.Machine, string, error)
 	PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)
 	PutMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error)
+	ImportMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error)
 	GetBMC(id string) (store.BMC, error)
 	PutBMC(ctx context.Context, b store.BMC, w store.W) (store.BMC, error)
 	PutSecret(ctx context.Context, key string, sealed []byte, w store.W) error
