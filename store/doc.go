@@ -28,6 +28,7 @@
 // Errors: ErrNotFound, ErrConflict (*ImportConflictError), ErrInvalid
 // (*MACError), ErrDuplicateMAC, ErrImageInUse, *IllegalTransitionError,
 // ErrNotLeader (*NotLeaderError), ErrTimeout, ErrCorrupt (names the file),
+// ErrInconsistentDataDir (names the files and how to recover),
 // ErrUnknownCommand, ErrBadCommand, ErrClosed.
 //
 // Metrics (kiln_store_*): raft_state, last_index, commit_index,

@@ -21,6 +21,12 @@ var (
 	// ErrImageInUse: DeleteImage of an image that a machine's claim names
 	// (release the machine first; Release drops its claim).
 	ErrImageInUse = errors.New("store: image is named by a machine's claim")
+	// ErrInconsistentDataDir: the data directory holds FSM state or
+	// snapshots that its raft.db cannot account for (raft.db missing or
+	// empty, a log whose start no snapshot covers, or an fsm.db ahead of
+	// the log). Open refuses it and changes nothing; the message names the
+	// files and the data directory and says how to recover.
+	ErrInconsistentDataDir = errors.New("store: inconsistent data directory")
 	// ErrNotLeader: this node is not the leader and the write could not be
 	// forwarded. The concrete error is *NotLeaderError, naming the leader.
 	ErrNotLeader = errors.New("store: not the leader")

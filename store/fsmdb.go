@@ -103,6 +103,12 @@ func openFSM(path string, log *slog.Logger) (*fsm, error) {
 	if err := checkBolt(path); err != nil {
 		return nil, err
 	}
+	return newFSM(path, log)
+}
+
+// newFSM is openFSM for a path already validated (Open checks the whole
+// data directory first, readDataDir).
+func newFSM(path string, log *slog.Logger) (*fsm, error) {
 	for _, p := range []string{path, path + ".restore"} { // .restore: left by a crash mid-Restore
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("%s: %w", p, err)
