@@ -90,6 +90,9 @@ func checkIndex(t testing.TB, db *bbolt.DB) {
 		if !reflect.DeepEqual(ix.mac, want.mac) || !reflect.DeepEqual(ix.state, want.state) {
 			t.Fatalf("index drifted from records:\n mac %v\nwant %v\n state %v\nwant %v", ix.mac, want.mac, ix.state, want.state)
 		}
+		if !reflect.DeepEqual(ix.ref, want.ref) {
+			t.Fatalf("reference index drifted from records:\n got %v\nwant %v", ix.ref, want.ref)
+		}
 		return nil
 	})
 }
@@ -375,6 +378,12 @@ func FuzzDecodeApply(f *testing.F) {
 	seed(&command{Type: CmdPutLeases, Time: t0, Leases: []Lease{{MAC: "02:00:00:00:00:01", IP: "10.0.0.1"}}})
 	seed(&command{Type: CmdAppendEvents, Events: []Event{{Subject: "s", Kind: "k"}}})
 	seed(&command{Type: CmdRegisterNode, Node: &nodeInfo{ID: "n", ForwardAddr: "127.0.0.1:1"}})
+	seed(&command{Type: CmdPutImage, Time: t0, Image: &Image{Meta: Meta{ID: "img"}, Name: "os"}})
+	seed(&command{Type: CmdPutMachinesV2, Time: t0, Machines: []Machine{{Meta: Meta{ID: "c"}, Name: "c",
+		Intended: Hardware{Serial: "s", BMCMAC: "02:00:00:00:0b:01"}, Claim: &Claim{Image: "img"}}}})
+	seed(&command{Type: CmdDeleteImageV2, Time: t0, ID: "img"})
+	seed(&command{Type: CmdImportMachines, Time: t0, Machines: []Machine{{Meta: Meta{ID: "i1"}, Name: "c"},
+		{Meta: Meta{ID: "i2"}, Name: "d", Intended: Hardware{Serial: "S", NICs: []NIC{{MAC: "02:00:00:00:0b:01"}}}}}})
 	f.Add([]byte{})
 	f.Add([]byte{3})
 	f.Add([]byte{3, '{', '"', 'm', 'a', 'c', 'h', 'i', 'n', 'e', 's', '"', ':', '[', '{', '}', ']', '}'})
@@ -437,12 +446,18 @@ func TestApplyBatchEqualsOneByOne(t *testing.T) {
 	}
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
 	var data [][]byte
-	for i := 0; i < 64; i++ {
+	for i := 0; i < 100; i++ {
 		id := fmt.Sprintf("m-%02d", i%13)
-		switch i % 7 {
-		case 0, 1, 2: // create or overwrite; MAC i%9 collides with other machines
-			data = append(data, mk(&command{Type: CmdPutMachines, Time: at(i),
-				Machines: []Machine{{Meta: Meta{ID: id}, Intended: nic(fmt.Sprintf("02:00:00:00:00:%02x", i%9))}}}))
+		img := fmt.Sprintf("img-%d", i%3)
+		switch i % 10 {
+		case 0, 1, 2: // create or overwrite; MAC i%9 collides with other machines; V2 claims need the image
+			typ := CmdPutMachines
+			m := Machine{Meta: Meta{ID: id}, Name: fmt.Sprintf("n%d", i%5), Intended: nic(fmt.Sprintf("02:00:00:00:00:%02x", i%9))}
+			if i%2 == 0 {
+				typ = CmdPutMachinesV2
+				m.Claim = &Claim{Image: img}
+			}
+			data = append(data, mk(&command{Type: typ, Time: at(i), Machines: []Machine{m}}))
 		case 3: // legal or illegal transition, or not found
 			data = append(data, mk(&command{Type: CmdPutMachines, Time: at(i),
 				Machines: []Machine{{Meta: Meta{ID: id}, State: StateInspecting}}}))
@@ -453,6 +468,14 @@ func TestApplyBatchEqualsOneByOne(t *testing.T) {
 			data = append(data, mk(&command{Type: CmdDeleteMachine, Time: at(i), ID: id}))
 		case 6:
 			data = append(data, append([]byte{200}, '{', '}')) // unknown type
+		case 7:
+			data = append(data, mk(&command{Type: CmdPutImage, Time: at(i), Image: &Image{Meta: Meta{ID: img}, Name: img}}))
+		case 8: // refused while claimed or absent
+			data = append(data, mk(&command{Type: CmdDeleteImageV2, Time: at(i), ID: img}))
+		case 9: // names and serials collide with stored machines some of the time
+			data = append(data, mk(&command{Type: CmdImportMachines, Time: at(i), Machines: []Machine{
+				{Meta: Meta{ID: fmt.Sprintf("i-%02d-a", i)}, Name: fmt.Sprintf("n%d", i%7), Intended: Hardware{Serial: fmt.Sprintf("s%d", i%4)}},
+				{Meta: Meta{ID: fmt.Sprintf("i-%02d-b", i)}, Name: fmt.Sprintf("imp%d", i), Intended: nic(fmt.Sprintf("02:00:00:00:02:%02x", i))}}}))
 		}
 	}
 	logs := make([]*raft.Log, len(data))
@@ -554,8 +577,9 @@ func TestApplyBatchEqualsOneByOne(t *testing.T) {
 	if a != b {
 		t.Fatalf("batched state differs from one-by-one:\n%s\n---\n%s", a, b)
 	}
-	if ix := indexOf(ref); !reflect.DeepEqual(f.ix.mac, ix.mac) || !reflect.DeepEqual(f.ix.state, ix.state) {
-		t.Fatalf("indexes differ: %v %v / %v %v", f.ix.mac, f.ix.state, ix.mac, ix.state)
+	if ix := indexOf(ref); !reflect.DeepEqual(f.ix.mac, ix.mac) || !reflect.DeepEqual(f.ix.state, ix.state) ||
+		!reflect.DeepEqual(f.ix.ref, ix.ref) {
+		t.Fatalf("indexes differ: %v %v %v / %v %v %v", f.ix.mac, f.ix.state, f.ix.ref, ix.mac, ix.state, ix.ref)
 	}
 	checkIndex(t, ref)
 }

@@ -148,7 +148,13 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 		Output: &slogWriter{log: log.With("sub", "raft")}, DisableTime: true})
 
 	raftPath := filepath.Join(cfg.DataDir, RaftDBFile)
-	if err := checkBolt(raftPath); err != nil {
+	// Check the files against each other before anything is created or
+	// replaced: a refused directory is left exactly as it was.
+	dirState, err := readDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := dirState.check(); err != nil {
 		return nil, err
 	}
 	logDB, err := raftboltdb.New(raftboltdb.Options{Path: raftPath, BoltOptions: &bbolt.Options{Timeout: boltTimeout}})
@@ -160,7 +166,7 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("store: snapshot store in %s: %w", cfg.DataDir, err)
 	}
-	if s.fsm, err = openFSM(filepath.Join(cfg.DataDir, FSMDBFile), log); err != nil {
+	if s.fsm, err = newFSM(filepath.Join(cfg.DataDir, FSMDBFile), log); err != nil {
 		return nil, err
 	}
 	s.m = newMetrics()

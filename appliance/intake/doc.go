@@ -17,8 +17,6 @@
 //
 // Every bad row is reported with its line and field in *ErrRows; a file with
 // any bad row yields no machines ("a file with any bad row imports nothing").
-// MACs are normalised to lower-case colon form; a MAC, serial or name used
-// twice within a file is an error on the later row.
 //
 // rules.go is the one home of the record field rules: machine names
 // (CheckName), free text (CheckText, TextRune: no control, line-separator or
@@ -28,4 +26,10 @@
 // row; the REST API (package api) applies the same functions to its request
 // bodies, the lifecycle controller to claims and BMC enrolments, and the
 // kiln CLI escapes what TextRune refuses before printing a table.
+//
+// MACs follow store.ParseMachineMAC (EUI-48, unicast, not all zeros) and are
+// normalised to lower-case colon form. The checks here are per row; that a
+// name, serial or MAC is used by one machine only — within the file and
+// against stored machines — is decided by the store when the rows are
+// written (store.ImportMachines), which the lifecycle maps back to lines.
 package intake

@@ -39,7 +39,7 @@ type served struct {
 	cmd   *exec.Cmd
 	api   string
 	token string
-	log   *bytes.Buffer
+	log   *syncBuf // written by the process while the test reads it
 }
 
 func buildKiln(t *testing.T) string {
@@ -89,9 +89,13 @@ func (n *serveNode) start(t *testing.T) *served {
 	return startServe(t, n.bin, n.cfg, n.data, n.apiAddr)
 }
 
+// serveReadyWithin bounds the wait for /readyz: generous, since CI runs these
+// tests on 2 loaded cores under -race.
+const serveReadyWithin = 60 * time.Second
+
 func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *served {
 	t.Helper()
-	s := &served{api: "http://" + apiAddr, log: &bytes.Buffer{}}
+	s := &served{api: "http://" + apiAddr, log: &syncBuf{}}
 	s.cmd = exec.Command(bin, "serve", "--config", cfg)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
@@ -103,7 +107,7 @@ func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *
 			_ = s.cmd.Wait()
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(serveReadyWithin)
 	for time.Now().Before(deadline) {
 		resp, err := http.Get(s.api + "/readyz")
 		if err == nil {
@@ -119,7 +123,7 @@ func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("kiln serve not ready in 20 s:\n%s", s.log)
+	t.Fatalf("kiln serve not ready in %s:\n%s", serveReadyWithin, s.log)
 	return nil
 }
 
