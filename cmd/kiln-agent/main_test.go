@@ -1,8 +1,8 @@
 package main
 
 import (
+	"kiln/deploy/lab/testreq"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,20 +36,9 @@ func TestEnvBuildReproducible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("env build skipped in -short mode")
 	}
-	root, _ := filepath.Abs("../..")
-	for _, b := range []string{"apt-cache", "dpkg", "cpio", "gzip", "/bin/busybox", "/sbin/modinfo"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s", b)
-		}
-	}
 	var digests []string
 	for i := 0; i < 2; i++ {
-		out := t.TempDir()
-		cmd := exec.Command(filepath.Join(root, "deploy/env/build.sh"))
-		cmd.Env = append(os.Environ(), "KILN_ENV_OUT="+out)
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Skipf("build.sh failed (no apt access to fetch the kernel?): %v\n%s", err, b)
-		}
+		out := testreq.BuildEnv(t) // a failing build fails the test
 		d, err := os.ReadFile(filepath.Join(out, "DIGESTS"))
 		if err != nil {
 			t.Fatal(err)

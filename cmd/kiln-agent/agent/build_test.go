@@ -15,6 +15,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/testreq"
 )
 
 const loopSerial = "LOOPTEST01"
@@ -103,17 +104,16 @@ func checkCidata(t *testing.T, diskFile string, written map[string]string, wantH
 		}
 	}
 	// fsck.fat on the extracted volume.
-	if _, err := exec.LookPath("fsck.fat"); err == nil {
-		o, _ := strconv.ParseInt(off, 10, 64)
-		sz, _ := strconv.ParseInt(written["cidata_size_bytes"], 10, 64)
-		disk, _ := os.ReadFile(diskFile)
-		vol := filepath.Join(t.TempDir(), "cidata.fat")
-		if err := os.WriteFile(vol, disk[o:o+sz], 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if b, err := exec.Command("fsck.fat", "-n", vol).CombinedOutput(); err != nil {
-			t.Errorf("fsck.fat: %v\n%s", err, b)
-		}
+	testreq.Commands(t, "fsck.fat")
+	o, _ := strconv.ParseInt(off, 10, 64)
+	sz, _ := strconv.ParseInt(written["cidata_size_bytes"], 10, 64)
+	disk, _ := os.ReadFile(diskFile)
+	vol := filepath.Join(t.TempDir(), "cidata.fat")
+	if err := os.WriteFile(vol, disk[o:o+sz], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := exec.Command("fsck.fat", "-n", vol).CombinedOutput(); err != nil {
+		t.Errorf("fsck.fat: %v\n%s", err, b)
 	}
 }
 
@@ -137,7 +137,7 @@ func compress(t *testing.T, format string, b []byte) []byte {
 // TestProvisionGoodWrite: the full gated build on a loop device for GPT/MBR images in each
 // format; the image range and the cidata volume are checked from the host side.
 func TestProvisionGoodWrite(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4", "mdir", "mcopy")
+	needRoot(t, "sfdisk", "mkfs.ext4", "mdir", "mcopy", "fsck.fat", "sgdisk", "debugfs")
 	for _, tc := range []struct{ label, format string }{{"gpt", "raw"}, {"dos", "gzip"}, {"gpt", "zstd"}} {
 		t.Run(tc.label+"-"+tc.format, func(t *testing.T) {
 			img := buildImage(t, tc.label, 8, "marker-"+tc.label)
@@ -171,20 +171,16 @@ func TestProvisionGoodWrite(t *testing.T) {
 				t.Errorf("sfdisk -d:\n%s", dump)
 			}
 			if tc.label == "gpt" {
-				if _, err := exec.LookPath("sgdisk"); err == nil {
-					if out := run(t, "sgdisk", "-v", file); !strings.Contains(out, "No problems found") {
-						t.Errorf("sgdisk -v:\n%s", out)
-					}
+				if out := run(t, "sgdisk", "-v", file); !strings.Contains(out, "No problems found") {
+					t.Errorf("sgdisk -v:\n%s", out)
 				}
 			}
 			// The image's ext4 still holds the marker (debugfs reads it at the partition offset).
-			if _, err := exec.LookPath("debugfs"); err == nil {
-				part := filepath.Join(t.TempDir(), "p1")
-				disk, _ := os.ReadFile(file)
-				os.WriteFile(part, disk[1<<20:len(img)-(1<<20)], 0o644)
-				if out := run(t, "debugfs", "-R", "cat /kiln-marker.txt", part); !strings.Contains(out, "marker-"+tc.label) {
-					t.Errorf("marker: %q", out)
-				}
+			part := filepath.Join(t.TempDir(), "p1")
+			disk, _ := os.ReadFile(file)
+			os.WriteFile(part, disk[1<<20:len(img)-(1<<20)], 0o644)
+			if out := run(t, "debugfs", "-R", "cat /kiln-marker.txt", part); !strings.Contains(out, "marker-"+tc.label) {
+				t.Errorf("marker: %q", out)
 			}
 		})
 	}

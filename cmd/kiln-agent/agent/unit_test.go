@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/testreq"
 )
 
 func TestSelectDisk(t *testing.T) {
@@ -64,11 +65,7 @@ func (m memDisk) WriteAt(p []byte, off int64) (int, error) {
 
 // TestMakeFAT16 formats a file and checks it with fsck.fat and mtools (no root needed).
 func TestMakeFAT16(t *testing.T) {
-	for _, b := range []string{"fsck.fat", "mcopy"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s", b)
-		}
-	}
+	testreq.Commands(t, "fsck.fat", "mcopy")
 	hk, err := NewHostKey("host@t")
 	if err != nil {
 		t.Fatal(err)
