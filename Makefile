@@ -11,12 +11,13 @@ GOTEST    := $(GO) test -race -count=1
 TEST_TIMEOUT ?= 30m
 E2E_TIMEOUT  ?= 20m
 FW           ?= bios
+FUZZTIME     ?= 10s
 # Under KILN_REQUIRE_ALL=1 a test that would skip for want of root or a host
 # tool fails instead (deploy/lab/testreq): what `make test` and CI run is run.
 # A developer without them can run `make unit KILN_REQUIRE_ALL=0`.
 KILN_REQUIRE_ALL ?= 1
 
-.PHONY: help build test unit e2e bench lint depcheck ci env demo demo-down deps clean
+.PHONY: help build test unit e2e bench fuzz lint depcheck ci env demo demo-down deps clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -40,6 +41,9 @@ e2e: build env ## End to end: real VMs PXE-boot from Kiln to provisioned (BIOS a
 bench: ## Benchmarks next to a peer measured in the same run (bench: lines), one package at a time
 	set -o pipefail; KILN_BENCH=1 $(GO) test -p 1 -count=1 -timeout 30m -v -run 'TestBench' ./... 2>&1 | tee bench.log | grep -E '^bench:'
 	@! grep -qE '^(--- FAIL|FAIL)' bench.log
+
+fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); failing inputs land in testdata/fuzz/
+	FUZZTIME=$(FUZZTIME) GO=$(GO) deploy/scripts/fuzz.sh
 
 lint: depcheck ## gofmt, go vet, import direction
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run gofmt -w on the files above"; exit 1; }

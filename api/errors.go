@@ -226,9 +226,14 @@ func decodeJSON(c echo.Context, max int64, v any, allowEmpty bool) error {
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err, allowEmpty)
 	}
-	var extra json.RawMessage
-	if err := dec.Decode(&extra); err == nil {
-		return &ValidationError{Msg: "body holds more than one JSON value", Kind: ErrBadJSON}
+	// A JSON text is one value with optional white space around it (RFC 8259
+	// §2): anything else after the value, a second value or garbage, is refused.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return jsonError(err, allowEmpty)
+		}
+		return &ValidationError{Msg: "body holds more than one JSON value or data after it", Kind: ErrBadJSON}
 	}
 	return nil
 }
