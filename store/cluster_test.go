@@ -275,3 +275,33 @@ func TestClusterJoinRemoveViaFollower(t *testing.T) {
 		t.Fatalf("n9 still a peer: %v", c.Nodes[l].Store.Stats()["latest_configuration"])
 	}
 }
+
+// TestRestartedFollowerReadyAfterBarriers: a follower restarted while the
+// log ends in entries the FSM never sees (raft barriers from consistent
+// reads, a new leader's no-op) becomes Ready without waiting for a write.
+// (Ready compared the FSM's applied index with raft's commit index, which
+// counts those entries: found by cmd/kiln's TestServeClusterLeaderSIGKILL,
+// where the restarted node stayed not ready.)
+func TestRestartedFollowerReadyAfterBarriers(t *testing.T) {
+	c := storetest.NewCluster(t, 3)
+	leader := c.Leader()
+	putN(t, c.Nodes[leader].Store, "rb", 0, 5)
+	f := c.Follower()
+	waitMachines(t, c.Nodes[f].Store, 5)
+	c.Stop(f)
+	for i := 0; i < 3; i++ { // consistent reads on the leader: barrier entries after the last command
+		if err := c.Nodes[leader].Store.Barrier(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Restart(f)
+	s := c.Nodes[f].Store
+	if !waitTrue(10*time.Second, s.Ready) {
+		st := s.Stats()
+		t.Fatalf("restarted follower not Ready in 10 s: commit_index %s applied_index %s fsm_applied_index %s",
+			st["commit_index"], st["applied_index"], st["fsm_applied_index"])
+	}
+	if _, err := s.GetMachine("rb-004"); err != nil {
+		t.Fatalf("ready follower lacks a committed write: %v", err)
+	}
+}
