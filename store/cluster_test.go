@@ -47,9 +47,11 @@ func waitMachines(t *testing.T, s *store.Store, n int) {
 }
 
 // TestClusterForwardFailoverCatchUp: three nodes; writes accepted on every
-// node (followers forward); the leader is killed and a new one is elected
-// with no acknowledged write lost; the old leader, restarted after missing
-// writes and a snapshot, catches up from snapshot + log.
+// node (followers forward); the leader is stopped (a clean shutdown: its
+// store closes; the SIGKILL of a node process is cmd/kiln's
+// TestServeClusterLeaderSIGKILL) and a new one is elected with no
+// acknowledged write lost; the old leader, restarted after missing writes
+// and a snapshot, catches up from snapshot + log.
 func TestClusterForwardFailoverCatchUp(t *testing.T) {
 	c := storetest.NewCluster(t, 3, func(cfg *store.Config) {
 		cfg.SnapshotThreshold = 64
@@ -82,7 +84,7 @@ func TestClusterForwardFailoverCatchUp(t *testing.T) {
 	if _, err := c.Nodes[f].Store.PutMachine(ctxT(t), m0, store.W{}); !errors.As(err, &ite) {
 		t.Fatalf("forwarded illegal transition: %v", err)
 	}
-	// Concurrent writers on all nodes while the leader is killed.
+	// Concurrent writers on all nodes while the leader is stopped.
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	stopW := make(chan struct{})
