@@ -16,6 +16,7 @@ import (
 	"kiln/appliance/lifecycle"
 	"kiln/bmc"
 	"kiln/deploy/lab/ipmilab"
+	"kiln/deploy/lab/testreq"
 	"kiln/store"
 	"kiln/store/storetest"
 )
@@ -33,21 +34,9 @@ func TestIPMIAutoInspection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: ipmi_sim")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespace and ipmi_sim")
-	}
-	for _, b := range []string{"ip", "ipmi_sim", "ipmitool", "setsid"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s: not installed", b)
-		}
-	}
-	labDir, err := filepath.Abs("../deploy/lab/ipmi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(labDir, "lan.conf.in")); err != nil {
-		t.Skipf("needs deploy/lab/ipmi: %v", err)
-	}
+	testreq.Root(t, "network namespace and ipmi_sim")
+	testreq.Commands(t, "ip", "ipmi_sim", "ipmitool", "setsid")
+	labDir := filepath.Dir(testreq.RepoFile(t, "deploy/lab/ipmi/lan.conf.in"))
 	check := func(err error) {
 		t.Helper()
 		if err != nil {

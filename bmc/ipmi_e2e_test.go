@@ -15,6 +15,7 @@ import (
 
 	"kiln/deploy/lab/benchline"
 	"kiln/deploy/lab/ipmilab"
+	"kiln/deploy/lab/testreq"
 )
 
 // ipmiLab is one ipmi_sim BMC in its own network namespace (kbm-*), whose chassis program
@@ -26,14 +27,8 @@ type ipmiLab struct {
 
 func needBins(t *testing.T, bins ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespace and ipmi_sim")
-	}
-	for _, b := range bins {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s: not installed", b)
-		}
-	}
+	testreq.Root(t, "network namespace and ipmi_sim")
+	testreq.Commands(t, bins...)
 }
 
 func run(t *testing.T, name string, args ...string) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"kiln/deploy/lab/testreq"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -30,14 +31,8 @@ import (
 
 func needRoot(t testing.TB, bins ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces")
-	}
-	for _, b := range append([]string{"ip"}, bins...) {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s in PATH", b)
-		}
-	}
+	testreq.Root(t, "network namespaces")
+	testreq.Commands(t, append([]string{"ip"}, bins...)...)
 }
 
 var netSeq atomic.Int32

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"kiln/deploy/lab/qemuvm"
+	"kiln/deploy/lab/testreq"
 )
 
 // TestIPXEBootsRenderedScript boots two qemu VMs in turn (TCG): "bios" is
@@ -24,18 +25,16 @@ import (
 // arguments (kiln.url, kiln.machine, kiln.token) arrived intact.
 //
 // Needs root, qemu-system-x86_64, dnsmasq, cpio, /bin/busybox (busybox-static)
-// and a kernel: $KILN_TEST_KERNEL or build/env/vmlinuz (`make env`).
+// and a kernel: $KILN_TEST_KERNEL, else the in-RAM environment's (testreq.Env:
+// $KILN_ENV_DIR as `make unit` sets it, or built by deploy/env/build.sh).
 func TestIPXEBootsRenderedScript(t *testing.T) {
-	needRoot(t, "qemu-system-x86_64", "dnsmasq", "cpio")
+	needRoot(t, "qemu-system-x86_64", "dnsmasq", "cpio", "/bin/busybox")
 	kernel := os.Getenv("KILN_TEST_KERNEL")
 	if kernel == "" {
-		kernel = "../build/env/vmlinuz"
+		kernel, _ = testreq.Env(t)
 	}
 	if _, err := os.Stat(kernel); err != nil {
-		t.Skipf("needs a kernel: set KILN_TEST_KERNEL or run `make env` (%v)", err)
-	}
-	if _, err := os.Stat("/bin/busybox"); err != nil {
-		t.Skip("needs /bin/busybox (busybox-static)")
+		t.Fatalf("KILN_TEST_KERNEL: %v", err)
 	}
 	dir := t.TempDir()
 

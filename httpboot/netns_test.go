@@ -3,6 +3,7 @@ package httpboot
 import (
 	"bytes"
 	"fmt"
+	"kiln/deploy/lab/testreq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,14 +24,8 @@ type netnsLink struct{ ns, hostIP, nsIP string }
 
 func needRoot(t *testing.T, bins ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-	for _, b := range append([]string{"ip"}, bins...) {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s: %v", b, err)
-		}
-	}
+	testreq.Root(t, "creates network namespaces")
+	testreq.Commands(t, append([]string{"ip"}, bins...)...)
 }
 
 func run(t testing.TB, name string, args ...string) {

@@ -3,6 +3,7 @@ package tftp
 import (
 	"bytes"
 	"fmt"
+	"kiln/deploy/lab/testreq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,14 +32,8 @@ type netnsLink struct {
 
 func needRoot(t *testing.T, bins ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-	for _, b := range append([]string{"ip"}, bins...) {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s: %v", b, err)
-		}
-	}
+	testreq.Root(t, "creates network namespaces")
+	testreq.Commands(t, append([]string{"ip"}, bins...)...)
 }
 
 func run(t *testing.T, name string, args ...string) {

@@ -464,8 +464,8 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	}
 	if v := raw.vals["memory_gib"]; v != "" {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || !(f > 0) || f > maxMemoryGiB {
-			bad("memory_gib", "%q: want a number of GiB > 0", v)
+		if err != nil || !(f*(1<<30) >= 1) || f > maxMemoryGiB {
+			bad("memory_gib", "%q: want a number of GiB of at least one byte", v)
 		} else {
 			m.Intended.MemoryBytes = uint64(f * (1 << 30))
 		}
@@ -575,6 +575,9 @@ func parseDisks(v string) ([]store.Disk, error) {
 		bytes := f * sizeUnits[strings.ToLower(sm[3])]
 		if bytes > 1<<62 {
 			return nil, errors.New("disk size too large")
+		}
+		if bytes < 1 {
+			return nil, errors.New("disk size must be at least 1 byte")
 		}
 		if len(out)+n > maxDisks {
 			return nil, fmt.Errorf("more than %d disks", maxDisks)

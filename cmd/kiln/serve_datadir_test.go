@@ -22,7 +22,7 @@ import (
 // as it was, and starts with all machines once raft.db is put back. With
 // fsm.db gone instead (raft.db present), it rebuilds fsm.db and starts.
 func TestServeRefusesFSMWithoutRaftDB(t *testing.T) {
-	n := newServeNode(t, "dd-1", true)
+	n := newServeNode(t, "dd-1", nil)
 	s := n.start(t)
 	var ids []string
 	for i := 0; i < 5; i++ {

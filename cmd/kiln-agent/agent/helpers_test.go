@@ -21,6 +21,7 @@ import (
 
 	"kiln/api/agentapi"
 	"kiln/cmd/kiln-agent/inventory"
+	"kiln/deploy/lab/testreq"
 )
 
 // fakeAppliance implements the agentapi endpoints minimally and serves images.
@@ -210,14 +211,8 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 
 func needRoot(t *testing.T, bins ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop devices")
-	}
-	for _, b := range append([]string{"losetup"}, bins...) {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s in PATH", b)
-		}
-	}
+	testreq.Root(t, "loop devices")
+	testreq.Commands(t, append([]string{"losetup"}, bins...)...)
 }
 
 func run(t *testing.T, name string, args ...string) string {

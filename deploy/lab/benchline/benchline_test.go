@@ -90,9 +90,7 @@ func TestNeed(t *testing.T) {
 	}
 	t.Setenv(Env, "1")
 	r = &recTB{TB: t}
-	// A name no package provides, built at run time so that deps-check
-	// (deploy/scripts/pkgcheck) does not take it for a command the repo needs.
-	absent := strings.Join([]string{"kiln", "no", "such", "peer"}, "-")
+	absent := "kiln-no-such-peer" // deps-check:absent (no package provides it, on purpose)
 	Need(r, false, "sh", absent)
 	if len(r.skip) != 0 || len(r.fatal) != 1 || !strings.Contains(r.fatal[0], absent) {
 		t.Fatalf("KILN_BENCH=1, missing binary: skip %q fatal %q", r.skip, r.fatal)
