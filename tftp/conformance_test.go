@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,7 +51,9 @@ func dataBlock(p []byte) (uint16, int) {
 // that is not NUL-terminated, has an option without a value, an empty or
 // repeated option name, or is longer than 512 octets gets ERROR 4 and no
 // data; a packet on port 69 that is not a request gets ERROR 4 too, except
-// an ERROR (never answered) and a packet too short to have an opcode.
+// DATA and ACK (ERROR 5: port 69 is every transfer's port in pin/tftp's
+// single-port mode, so they name a transfer that does not exist), an ERROR
+// (never answered) and a packet too short to have an opcode.
 func TestRequestGrammar(t *testing.T) {
 	s, reg := startServer(t, Config{}, "127.0.0.1:0")
 	addr := s.Addr().(*net.UDPAddr)
@@ -70,8 +73,6 @@ func TestRequestGrammar(t *testing.T) {
 		{"option given twice", "\x00\x01undionly.kpxe\x00octet\x00blksize\x001468\x00BLKSIZE\x00512\x00"},
 		{"request over 512 octets", string(rq(opRRQ, "undionly.kpxe", "octet", "x-pad", strings.Repeat("p", 512)))},
 		{"only an opcode", "\x00\x01"},
-		{"DATA on the server port", "\x00\x03\x00\x01data"},
-		{"ACK on the server port", "\x00\x04\x00\x00"},
 		{"OACK on the server port", "\x00\x06blksize\x00512\x00"},
 		{"unknown opcode", "\x00\x09x\x00octet\x00"},
 		{"WRQ with a bad mode", "\x00\x02x\x00mail\x00"},
@@ -93,9 +94,19 @@ func TestRequestGrammar(t *testing.T) {
 		c.noReply(200 * time.Millisecond)
 	}
 	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "other", "reason": "illegal"}, float64(len(refused)))
+	for _, pkt := range []string{"\x00\x03\x00\x01data", "\x00\x04\x00\x00"} { // DATA, ACK
+		c := newRaw(t, addr)
+		c.send([]byte(pkt))
+		if p, _ := c.recv(time.Second); string(p) != wantUnkTID {
+			t.Fatalf("%q on the server port → %q, want ERROR 5 %q", pkt, p, wantUnkTID)
+		}
+		c.noReply(100 * time.Millisecond)
+	}
+	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "other", "reason": "unknown_tid"}, 2)
 
 	// Accepted: mode and option names in any letter case (RFC 1350 §5,
-	// RFC 2347); the OACK echoes the client's spelling.
+	// RFC 2347: "case insensitive"); the OACK names options in lower case
+	// (pin/tftp builds it from the canonical request the gate hands it).
 	want := ipxebin.Files["undionly.kpxe"]
 	for _, tc := range []struct {
 		label, pkt, first string
@@ -103,7 +114,7 @@ func TestRequestGrammar(t *testing.T) {
 	}{
 		{"octet", "\x00\x01undionly.kpxe\x00octet\x00", "DATA", 512},
 		{"OcTeT", "\x00\x01undionly.kpxe\x00OcTeT\x00", "DATA", 512},
-		{"BLKSIZE upper case", "\x00\x01undionly.kpxe\x00OCTET\x00BLKSIZE\x001468\x00", "\x00\x06BLKSIZE\x001468\x00", 1468},
+		{"BLKSIZE upper case", "\x00\x01undionly.kpxe\x00OCTET\x00BLKSIZE\x001468\x00", "\x00\x06blksize\x001468\x00", 1468},
 		{"unknown option ignored", "\x00\x01undionly.kpxe\x00octet\x00timeout\x003\x00", "DATA", 512},
 		{"blksize out of range ignored", "\x00\x01undionly.kpxe\x00octet\x00blksize\x0099999\x00", "DATA", 512},
 		{"blksize not a number ignored", "\x00\x01undionly.kpxe\x00octet\x00blksize\x00+1468\x00", "DATA", 512},
@@ -424,5 +435,71 @@ func TestReplyTable(t *testing.T) {
 		if code != tc.code || msg != tc.msg {
 			t.Errorf("reply(%v) = %d %q, want %d %q", tc.err, code, msg, tc.code, tc.msg)
 		}
+	}
+}
+
+// TestPinErrorRewritten: pin/tftp sends every ERROR as code 1 with
+// err.Error(); the gate maps that text back to its class and sends the
+// replies table's code and fixed text instead. The read handler's
+// sentinels map by their exact text, pin's own timeout to "timed out",
+// anything else (a client's ERROR quoted back, a file read error) to
+// ERROR 0 "server error".
+func TestPinErrorRewritten(t *testing.T) {
+	for _, tc := range []struct {
+		pin  string
+		code ErrorCode
+		msg  string
+	}{
+		{ErrNotFound.Error(), 1, "file not found"},
+		{ErrBadPath.Error(), 2, "access violation"},
+		{ErrBusy.Error(), 0, "server busy"},
+		{"channel timeout: 10.97.0.2:40089", 0, "timed out"},
+		{"sending block 3: code=8, error: abort", 0, "server error"},
+		{"read /srv/tftp/x: input/output error", 0, "server error"},
+		{ErrInternal.Error(), 0, "server error"},
+		{"", 0, "server error"},
+	} {
+		code, msg := reply(pinError(append([]byte(tc.pin), 0)))
+		if code != tc.code || msg != tc.msg {
+			t.Errorf("pin text %q → %d %q, want %d %q", tc.pin, code, msg, tc.code, tc.msg)
+		}
+	}
+}
+
+// TestGateForgetsUnstartedRequests: the gate's table of admitted requests
+// is bounded by MaxTransfers, and a request pin never started (pin drops
+// one that races a transfer's end or shutdown) stops counting once it is
+// older than Timeout × (Retries+1), so it cannot hold a slot forever.
+func TestGateForgetsUnstartedRequests(t *testing.T) {
+	s, err := New(Config{MaxTransfers: 2, Timeout: 50 * time.Millisecond, Retries: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGate(s, conn)
+	defer g.Close()
+	defer g.release()
+	add := func(port uint16, age time.Duration, started bool) {
+		r, _, _, err := s.open("undionly.kpxe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.peers[netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)] =
+			&peer{r: r, since: time.Now().Add(-age), started: started}
+	}
+	add(1000, time.Second, true)          // a running transfer: kept
+	add(1001, 10*time.Millisecond, false) // just admitted: kept
+	if !g.full() {
+		t.Fatal("2 of 2 admitted: not full")
+	}
+	time.Sleep(120 * time.Millisecond) // > 50 ms × 2
+	if g.full() {
+		t.Fatal("an unstarted request older than Timeout × (Retries+1) still holds a slot")
+	}
+	if len(g.peers) != 1 {
+		t.Fatalf("%d requests left, want the running one", len(g.peers))
 	}
 }

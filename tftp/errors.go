@@ -25,14 +25,20 @@ var (
 	// ErrTimeout: the client did not acknowledge a packet after Retries
 	// resends spaced by Timeout. Sent as ERROR 0 (the client is probably gone).
 	ErrTimeout = errors.New("tftp: client stopped acknowledging")
-	// ErrUnknownTID: a packet reached a transfer's socket from another
-	// address or port than the transfer's client (RFC 1350 §4). Sent as
-	// ERROR 5 to that source; the transfer goes on.
+	// ErrUnknownTID: a DATA or ACK packet from an address and port that has
+	// no transfer (RFC 1350 §4). Every transfer is served from the server
+	// port (pin/tftp single-port mode), so this is also what a stray packet
+	// aimed at a running transfer gets. Sent as ERROR 5 to that source; any
+	// running transfer goes on.
 	ErrUnknownTID = errors.New("tftp: unknown transfer ID")
 	// ErrPeer: the client ended the transfer with an ERROR packet (e.g. code 8
 	// after reading tsize from the OACK). Nothing is sent back (RFC 1350 §7:
 	// an ERROR is not acknowledged).
 	ErrPeer = errors.New("tftp: client sent ERROR")
+	// ErrInternal: pin/tftp started a transfer the gate did not admit (a
+	// request that raced the end of the same client's previous transfer or
+	// shutdown). Sent as ERROR 0 "server error".
+	ErrInternal = errors.New("tftp: internal error")
 	// ErrConfig: the Config failed validation.
 	ErrConfig = errors.New("tftp: invalid config")
 )
@@ -71,7 +77,8 @@ var replies = []struct {
 	{ErrTimeout, CodeNotDefined, "timed out"},
 }
 
-// replyInternal is sent for any other failure (e.g. a read error on a file).
+// replyInternal is sent for any other failure (e.g. a read error on a file,
+// ErrInternal, or any text pin/tftp produces itself other than its timeout).
 const replyInternal = "server error"
 
 // reply returns the code and fixed message a client is sent for err.

@@ -121,13 +121,3 @@ func errorPacket(code ErrorCode, msg string) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(code))
 	return append(append(b, msg...), 0)
 }
-
-// oackPacket builds OACK (RFC 2347) with the given pairs in order.
-func oackPacket(opts []option) []byte {
-	b := binary.BigEndian.AppendUint16(nil, opOACK)
-	for _, o := range opts {
-		b = append(append(b, o.name...), 0)
-		b = append(append(b, o.value...), 0)
-	}
-	return b
-}

@@ -3,13 +3,13 @@ package tftp
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -17,10 +17,9 @@ import (
 	"syscall"
 	"time"
 
+	ptftp "github.com/pin/tftp/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
-	"golang.org/x/net/ipv4"
-	"golang.org/x/net/ipv6"
 )
 
 // File classes used as the "class" metric label.
@@ -34,19 +33,18 @@ const (
 var EmbeddedNames = []string{"undionly.kpxe", "ipxe.efi", "snp.efi"}
 
 // Server is a read-only TFTP server (RFC 1350 with the option extension of
-// RFC 2347, blksize RFC 2348 and tsize RFC 2349). Create it with New; serve
-// with Run or Serve.
+// RFC 2347, blksize RFC 2348 and tsize RFC 2349) on github.com/pin/tftp/v3.
+// Create it with New; serve with Run or Serve.
 type Server struct {
 	cfg      Config
 	root     *os.Root // nil when Config.Root is empty
 	embedded map[string][]byte
-	sem      chan struct{}
 	m        metrics
-	wg       sync.WaitGroup // running transfers
 
 	mu   sync.Mutex
 	addr net.Addr
 	log  *slog.Logger
+	gate *gate // the socket pin serves on, once Serve has started
 }
 
 type metrics struct {
@@ -62,6 +60,7 @@ const (
 	reasonRefused      = "refused"       // name refused, ERROR 2
 	reasonWriteRefused = "write_refused" // WRQ, ERROR 2
 	reasonIllegal      = "illegal"       // malformed request or bad mode, ERROR 4
+	reasonUnknownTID   = "unknown_tid"   // DATA/ACK from a client with no transfer, ERROR 5
 	reasonBusy         = "busy"          // MaxTransfers reached, ERROR 0
 	reasonAborted      = "aborted"       // the client sent ERROR (e.g. after a tsize probe)
 	reasonTimeout      = "timeout"       // the client stopped acknowledging
@@ -79,7 +78,6 @@ func New(cfg Config, reg prometheus.Registerer) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		embedded: make(map[string][]byte, len(EmbeddedNames)),
-		sem:      make(chan struct{}, cfg.MaxTransfers),
 		log:      slog.New(slog.DiscardHandler),
 	}
 	for _, n := range EmbeddedNames {
@@ -104,7 +102,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Server, error) {
 			Name: "kiln_tftp_sent_bytes_total", Help: "TFTP payload bytes sent in DATA packets (first sends), by file class.",
 		}, []string{"class"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kiln_tftp_errors_total", Help: "TFTP requests refused or failed, by file class and reason (not_found|refused|write_refused|illegal|busy|aborted|timeout|internal).",
+			Name: "kiln_tftp_errors_total", Help: "TFTP requests refused or failed, by file class and reason (not_found|refused|write_refused|illegal|unknown_tid|busy|aborted|timeout|internal).",
 		}, []string{"class", "reason"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kiln_tftp_active_transfers", Help: "TFTP transfers in progress.",
@@ -153,93 +151,65 @@ func (s *Server) Run(ctx context.Context, log *slog.Logger) error {
 }
 
 // Serve serves on an already bound conn (which it closes) until ctx ends,
-// then waits for the running transfers and returns nil. Replies leave from
-// the address each request was sent to: the destination address and
-// receiving interface are read with IP_PKTINFO (IPV6_PKTINFO on an IPv6 or
-// dual-stack socket), and each transfer gets its own socket bound to that
-// address (its transfer ID, RFC 1350 §4). Errors: a read error on conn.
+// then waits for the running transfers and returns nil.
+//
+// The TFTP engine is pin/tftp in single-port mode: every transfer is served
+// from conn's own port (pin picks no new TID), and pin reads and writes
+// through a gate (gate.go) that admits only well-formed requests for files
+// that exist, answers everything refused from the replies table, sends each
+// reply from the address the request was sent to (IP_PKTINFO, or
+// IPV6_PKTINFO on an IPv6 or dual-stack socket) and replaces every ERROR
+// pin writes with the fixed one of its class. Errors: pin's (an unparsable
+// local address).
 func (s *Server) Serve(ctx context.Context, log *slog.Logger, conn *net.UDPConn) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "tftp")
+	// A rack powering on sends a burst of RRQs; they are read one at a time.
+	_ = conn.SetReadBuffer(4 << 20) // best effort (capped by net.core.rmem_max)
+	g := newGate(s, conn)
 	s.mu.Lock()
 	s.addr = conn.LocalAddr()
 	s.log = log
+	s.gate = g
 	s.mu.Unlock()
 
-	// A rack powering on sends a burst of RRQs; they are read one at a time.
-	_ = conn.SetReadBuffer(4 << 20) // best effort (capped by net.core.rmem_max)
-	read := newReader(conn)
+	srv := ptftp.NewServer(s.read, nil) // WRQs never pass the gate
+	srv.EnableSinglePort()
+	srv.SetTimeout(s.cfg.Timeout)
+	srv.SetRetries(s.cfg.Retries)
+	// pin's default backoff sleeps a random 0-1 s on top of Timeout before
+	// each resend; the Timeout alone spaces resends here.
+	srv.SetBackoff(func(int) time.Duration { return 0 })
+	// The gate writes the negotiated blksize into the request pin sees
+	// (canonical, capped by blockLimit); pin's own MTU clamp is off because
+	// it cannot see the receiving interface through a wrapped socket.
+	// SetBlockSize ignores 512 (its floor is exclusive); 512 is the default.
+	srv.SetBlockSize(s.cfg.MaxBlockSize)
+	srv.SetBlockSizeNegotiation(false)
+	// SetAnticipate stays off: it is not RFC 7440 and lockstep clients choke on it.
 
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
 	log.Info("tftp serving", "addr", conn.LocalAddr().String(), "root", s.cfg.Root,
 		"max_block_size", s.cfg.MaxBlockSize, "max_transfers", s.cfg.MaxTransfers)
-
-	// One octet more than MaxRequestLen, so that a longer request is seen
-	// as too long rather than cut short.
-	buf := make([]byte, MaxRequestLen+1)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(g) }()
 	var err error
-	for {
-		var in inbound
-		in, err = read(buf)
-		if err != nil {
-			break
-		}
-		s.handle(buf[:in.n], in)
+	select {
+	case <-ctx.Done():
+		g.shutdown()
+		// In single-port mode Shutdown only wakes pin's read loop; Serve
+		// returns once the running transfers have ended.
+		srv.Shutdown()
+		err = <-done
+	case err = <-done:
 	}
-	conn.Close()
-	s.wg.Wait()
-	if ctx.Err() != nil {
-		return nil
+	g.Close()
+	g.release()
+	if err != nil {
+		return fmt.Errorf("tftp: serve: %w", err)
 	}
-	return fmt.Errorf("tftp: serve: %w", err)
-}
-
-// inbound is one datagram read from the server port.
-type inbound struct {
-	n       int
-	dst     net.IP // the address it was sent to; nil when unknown
-	ifIndex int    // the receiving interface; 0 when unknown
-	src     *net.UDPAddr
-}
-
-// newReader returns a read function for conn that reports each datagram's
-// destination address and interface when the OS provides them.
-func newReader(conn *net.UDPConn) func([]byte) (inbound, error) {
-	la, _ := conn.LocalAddr().(*net.UDPAddr)
-	if la != nil && la.IP.To4() != nil {
-		pc := ipv4.NewPacketConn(conn)
-		if pc.SetControlMessage(ipv4.FlagDst|ipv4.FlagInterface, true) == nil {
-			return func(b []byte) (inbound, error) {
-				n, cm, src, err := pc.ReadFrom(b)
-				in := inbound{n: n}
-				in.src, _ = src.(*net.UDPAddr)
-				if cm != nil {
-					in.dst, in.ifIndex = cm.Dst, cm.IfIndex
-				}
-				return in, err
-			}
-		}
-	} else {
-		pc := ipv6.NewPacketConn(conn)
-		if pc.SetControlMessage(ipv6.FlagDst|ipv6.FlagInterface, true) == nil {
-			return func(b []byte) (inbound, error) {
-				n, cm, src, err := pc.ReadFrom(b)
-				in := inbound{n: n}
-				in.src, _ = src.(*net.UDPAddr)
-				if cm != nil {
-					in.dst, in.ifIndex = cm.Dst, cm.IfIndex
-				}
-				return in, err
-			}
-		}
-	}
-	return func(b []byte) (inbound, error) {
-		n, src, err := conn.ReadFromUDP(b)
-		return inbound{n: n, src: src}, err
-	}
+	return nil
 }
 
 func (s *Server) logger() *slog.Logger {
@@ -248,40 +218,10 @@ func (s *Server) logger() *slog.Logger {
 	return s.log
 }
 
-// handle answers one datagram from the server port. Refusals are answered
-// here (one ERROR from a fresh socket); an accepted RRQ starts a transfer
-// goroutine, at most MaxTransfers at a time.
-func (s *Server) handle(p []byte, in inbound) {
-	if in.src == nil || len(p) < 2 {
-		return // no opcode: nothing to answer
-	}
-	if binary.BigEndian.Uint16(p) == opERROR {
-		return // an ERROR is never answered (RFC 1350 §7)
-	}
-	req, err := parseRequest(p)
-	if err == nil && req.op == opWRQ {
-		err = ErrWriteRefused
-	}
-	name := ""
-	if err == nil {
-		name, err = CleanName(req.filename)
-	}
-	if err != nil {
-		s.refuse(in, req, ClassOther, err)
-		return
-	}
-	select {
-	case s.sem <- struct{}{}:
-	default:
-		s.refuse(in, req, ClassOther, fmt.Errorf("%w: %d transfers running", ErrBusy, s.cfg.MaxTransfers))
-		return
-	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() { <-s.sem }()
-		s.transfer(req, name, in)
-	}()
+func (s *Server) currentGate() *gate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gate
 }
 
 // reason maps an error class to its metric reason label.
@@ -295,6 +235,8 @@ func reason(err error) string {
 		return reasonWriteRefused
 	case errors.Is(err, ErrIllegalOp):
 		return reasonIllegal
+	case errors.Is(err, ErrUnknownTID):
+		return reasonUnknownTID
 	case errors.Is(err, ErrBusy):
 		return reasonBusy
 	case errors.Is(err, ErrPeer):
@@ -305,38 +247,58 @@ func reason(err error) string {
 	return reasonInternal
 }
 
-// refuse counts and logs a refused request and sends its ERROR (code and
-// fixed text from replies) from a fresh socket on the request's address.
-func (s *Server) refuse(in inbound, req request, class string, err error) {
-	r := reason(err)
-	s.m.errors.WithLabelValues(class, r).Inc()
+// read is pin's read handler: it serves the request the gate admitted from
+// the same client (its file is already open) and returns nil; pin has sent
+// any ERROR and closed the transfer by then. Without an admitted request it
+// returns ErrInternal, which pin sends and the gate turns into ERROR 0.
+func (s *Server) read(filename string, rf io.ReaderFrom) error {
 	log := s.logger()
-	attrs := []any{"remote", in.src.String(), "file", sanitize(req.filename), "mode", sanitize(req.mode), "err", err}
-	if r == reasonNotFound {
-		log.Debug("tftp file not found", attrs...) // iPXE probes autoexec.ipxe on every boot
-	} else {
-		log.Warn("tftp request refused", attrs...)
+	g := s.currentGate()
+	ot, ok := rf.(ptftp.OutgoingTransfer)
+	if !ok || g == nil {
+		return ErrInternal
 	}
-	conn, lerr := listenFrom(in.dst)
-	if lerr != nil {
-		log.Error("tftp cannot answer", "remote", in.src.String(), "err", lerr)
-		return
+	ra := ot.RemoteAddr()
+	remote := ra.AddrPort()
+	pe := g.take(remote)
+	if pe == nil {
+		s.m.errors.WithLabelValues(ClassOther, reasonInternal).Inc()
+		log.Error("tftp transfer without an admitted request", "remote", remote.String(), "file", sanitize(filename))
+		return ErrInternal
 	}
-	defer conn.Close()
-	code, msg := reply(err)
-	if _, werr := conn.WriteToUDP(errorPacket(code, msg), in.src); werr != nil {
-		log.Warn("tftp send error packet", "remote", in.src.String(), "err", werr)
-	}
-}
+	defer g.end(remote)
+	ot.SetSize(pe.size) // answered only when the request kept tsize (canonical)
 
-// listenFrom opens a transfer socket on an ephemeral port of dst, the
-// address a request was sent to (the OS chooses for a broadcast, multicast
-// or unknown one).
-func listenFrom(dst net.IP) (*net.UDPConn, error) {
-	if dst == nil || dst.IsUnspecified() || dst.Equal(net.IPv4bcast) || dst.IsMulticast() {
-		dst = nil
+	s.m.active.Inc()
+	start := time.Now()
+	n, err := rf.ReadFrom(pe.r)
+	s.m.active.Dec()
+	s.m.bytes.WithLabelValues(pe.class).Add(float64(n))
+	attrs := []any{"remote", remote.String(), "local", pe.local.String(), "file", pe.name,
+		"mode", strings.ToLower(pe.req.mode), "bytes", n, "seconds", time.Since(start).Seconds()}
+	if err == nil {
+		s.m.transfers.WithLabelValues(pe.class, "ok").Inc()
+		log.Debug("tftp transfer done", attrs...)
+		return nil
 	}
-	return net.ListenUDP("udp", &net.UDPAddr{IP: dst})
+	s.m.transfers.WithLabelValues(pe.class, "error").Inc()
+	var ne net.Error
+	switch {
+	case g.aborted(remote):
+		err = fmt.Errorf("%w: %v", ErrPeer, err)
+	case errors.As(err, &ne) && ne.Timeout():
+		err = fmt.Errorf("%w: %v", ErrTimeout, err)
+	}
+	rs := reason(err)
+	s.m.errors.WithLabelValues(pe.class, rs).Inc()
+	attrs = append(attrs, "err", err)
+	if rs == reasonAborted {
+		// UEFI aborts its tsize probe with ERROR 8 on every boot.
+		log.Debug("tftp transfer ended by client", attrs...)
+		return nil
+	}
+	log.Warn("tftp transfer failed", attrs...)
+	return nil
 }
 
 // open resolves a validated name to content, its size and file class.
@@ -365,79 +327,35 @@ func (s *Server) open(name string) (io.ReadCloser, int64, string, error) {
 	return f, st.Size(), ClassOther, nil
 }
 
-// transfer serves one accepted RRQ from its own socket.
-func (s *Server) transfer(req request, name string, in inbound) {
-	log := s.logger()
-	r, size, class, err := s.open(name)
-	if err != nil {
-		s.refuse(in, req, class, err)
-		return
+// blockLimit is the largest blksize a request received on interface
+// ifIndex at local may get: Config.MaxBlockSize, capped at the link's MTU
+// minus the IP, UDP and TFTP DATA headers (32 octets on IPv4, 52 on IPv6),
+// never below 512.
+func (s *Server) blockLimit(ifIndex int, local netip.Addr) int {
+	limit := s.cfg.MaxBlockSize
+	if ifIndex > 0 {
+		if ifc, err := net.InterfaceByIndex(ifIndex); err == nil {
+			overhead := 20 + 8 + 4 // IPv4, UDP, TFTP DATA header
+			if local.IsValid() && !local.Unmap().Is4() {
+				overhead = 40 + 8 + 4 // IPv6
+			}
+			limit = min(limit, ifc.MTU-overhead)
+		}
 	}
-	defer r.Close()
-	conn, err := listenFrom(in.dst)
-	if err != nil {
-		s.m.errors.WithLabelValues(class, reasonInternal).Inc()
-		log.Error("tftp cannot answer", "remote", in.src.String(), "err", err)
-		return
-	}
-	defer conn.Close()
-
-	blk, oack := s.negotiate(req, size, in)
-	var src io.Reader = r
-	if req.netascii() {
-		src = newNetasciiReader(r)
-	}
-	t := &sender{conn: conn, peer: in.src, timeout: s.cfg.Timeout, retries: s.cfg.Retries,
-		rbuf: make([]byte, 1500)}
-	s.m.active.Inc()
-	start := time.Now()
-	n, err := t.send(oack, blk, src)
-	s.m.active.Dec()
-	s.m.bytes.WithLabelValues(class).Add(float64(n))
-	attrs := []any{"remote", in.src.String(), "local", conn.LocalAddr().String(), "file", name,
-		"mode", strings.ToLower(req.mode), "blksize", blk, "bytes", n, "seconds", time.Since(start).Seconds()}
-	if err == nil {
-		s.m.transfers.WithLabelValues(class, "ok").Inc()
-		log.Debug("tftp transfer done", attrs...)
-		return
-	}
-	s.m.transfers.WithLabelValues(class, "error").Inc()
-	rs := reason(err)
-	s.m.errors.WithLabelValues(class, rs).Inc()
-	attrs = append(attrs, "err", err)
-	if rs == reasonAborted {
-		// UEFI aborts its tsize probe with ERROR 8 on every boot.
-		log.Debug("tftp transfer ended by client", attrs...)
-		return
-	}
-	log.Warn("tftp transfer failed", attrs...)
-	code, msg := reply(err)
-	_, _ = conn.WriteToUDP(errorPacket(code, msg), in.src) // best effort: the client may be gone
+	return max(limit, MinBlockSize)
 }
 
-// negotiate picks the block size and the OACK for req (RFC 2347): only
-// blksize (RFC 2348) and tsize (RFC 2349) are answered, each only when the
-// client sent it with a valid value; other options are ignored, as RFC 2347
-// requires. blksize is capped at Config.MaxBlockSize and at the receiving
-// link's MTU minus the IP, UDP and TFTP headers; values below 512 or outside
-// RFC 2348's 8–65464 are left out (the client then uses 512). tsize gets the
-// file size, except in netascii mode, where the octets sent differ from the
-// file's size and the option is left out. No OACK (nil) means DATA 1 comes
-// first.
-func (s *Server) negotiate(req request, size int64, in inbound) (int, []option) {
-	maxBlk := s.cfg.MaxBlockSize
-	if ifc, err := net.InterfaceByIndex(in.ifIndex); in.ifIndex > 0 && err == nil {
-		overhead := 20 + 8 + 4 // IPv4, UDP, TFTP DATA header
-		if in.dst != nil && in.dst.To4() == nil {
-			overhead = 40 + 8 + 4 // IPv6
-		}
-		if link := ifc.MTU - overhead; link < maxBlk {
-			maxBlk = link
-		}
-	}
-	maxBlk = max(maxBlk, MinBlockSize)
-	blk := MinBlockSize
-	var oack []option
+// canonical is the request pin/tftp is handed for an admitted req: the
+// cleaned name, the mode in lower case (pin compares "netascii" exactly),
+// and only the options Kiln answers (RFC 2347), in lower case: blksize
+// (RFC 2348) when its value is 1–18 plain digits in 512–65464, lowered to
+// limit; tsize (RFC 2349) when its value is plain digits and the mode is
+// octet (in netascii the octets sent differ from the file's size). pin then
+// sends an OACK with exactly these options, or DATA 1 when there are none,
+// and fills in tsize from SetSize. Unknown options (windowsize, timeout,
+// multicast) and invalid values are left out, never refused.
+func canonical(req request, name string, limit int) []byte {
+	c := request{op: opRRQ, filename: name, mode: strings.ToLower(req.mode)}
 	for _, o := range req.options {
 		switch strings.ToLower(o.name) {
 		case "blksize":
@@ -445,16 +363,15 @@ func (s *Server) negotiate(req request, size int64, in inbound) (int, []option) 
 			if !ok || n < MinBlockSize || n > MaxLargeBlockSize {
 				continue
 			}
-			blk = int(min(n, int64(maxBlk)))
-			oack = append(oack, option{o.name, strconv.Itoa(blk)})
+			c.options = append(c.options, option{"blksize", strconv.FormatInt(min(n, int64(limit)), 10)})
 		case "tsize":
 			if _, ok := decimal(o.value); !ok || req.netascii() {
 				continue
 			}
-			oack = append(oack, option{o.name, strconv.FormatInt(size, 10)})
+			c.options = append(c.options, option{"tsize", "0"})
 		}
 	}
-	return blk, oack
+	return c.encode()
 }
 
 // decimal parses 1–18 ASCII digits (no sign, no space).
