@@ -254,7 +254,12 @@ func (v *boltVerifier) nodes(p []byte, depth int, where string) error {
 				if err := v.tree(root, depth+1); err != nil {
 					return err
 				}
-			} else if err := v.nodes(val[16:], depth+1, where+" inline bucket"); err != nil {
+			} else if inl := val[16:]; len(inl) >= bpHeader && binary.LittleEndian.Uint16(inl[8:])&bpLeaf == 0 {
+				// bbolt writes an inline bucket as one leaf page; a branch
+				// there names child pages, on which bbolt panics
+				// (Bucket.pageNode: "inline bucket non-zero page access").
+				return fmt.Errorf("%s: inline bucket of element %d is not a leaf page", where, i)
+			} else if err := v.nodes(inl, depth+1, where+" inline bucket"); err != nil {
 				return err
 			}
 		default:
