@@ -16,6 +16,7 @@ import (
 	"kiln/appliance/lifecycle"
 	"kiln/bmc"
 	"kiln/deploy/lab/ipmilab"
+	"kiln/deploy/lab/testkit"
 	"kiln/store"
 	"kiln/store/storetest"
 )
@@ -33,14 +34,7 @@ func TestIPMIAutoInspection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: ipmi_sim")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespace and ipmi_sim")
-	}
-	for _, b := range []string{"ip", "ipmi_sim", "ipmitool", "setsid"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s: not installed", b)
-		}
-	}
+	testkit.NeedRoot(t, "a network namespace and ipmi_sim", "ip", "ipmi_sim", "ipmitool", "setsid")
 	labDir, err := filepath.Abs("../deploy/lab/ipmi")
 	if err != nil {
 		t.Fatal(err)
@@ -54,20 +48,12 @@ func TestIPMIAutoInspection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ipCmd := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
 
 	const user, pass, addr = "kilnlc", "Lc-Secret-75x", "10.75.1.2"
 	ns := fmt.Sprintf("klc-%d", os.Getpid()%100000)
 	state := t.TempDir()
-	ipCmd("netns", "add", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", ns).Run() })
-	ipCmd("-n", ns, "link", "set", "lo", "up")
-	ipCmd("-n", ns, "addr", "add", addr+"/24", "dev", "lo")
+	testkit.Netns(t, ns)
+	testkit.IP(t, "-n", ns, "addr", "add", addr+"/24", "dev", "lo")
 
 	logs := func() {
 		for _, n := range []string{"ipmi_sim.log", "chassis.log", "boots.log"} {

@@ -2,10 +2,7 @@ package dhcp
 
 import (
 	"context"
-
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -18,6 +15,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"kiln/deploy/lab/testkit"
 )
 
 // TestBenchDHCP measures DORA exchanges per second at under 1% drops for Kiln
@@ -34,7 +36,7 @@ func TestBenchDHCP(t *testing.T) {
 	if os.Getenv("KILN_BENCH") != "1" {
 		t.Skip("benchmark: set KILN_BENCH=1")
 	}
-	needRoot(t, "perfdhcp", "kea-dhcp4")
+	testkit.NeedRoot(t, "network namespaces", "ip", "perfdhcp", "kea-dhcp4")
 	l := newLab(t)
 	l.addClientIP(t)
 	cfg := l.config()

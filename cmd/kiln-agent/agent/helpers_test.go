@@ -208,18 +208,6 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	return s.w.Write(p)
 }
 
-func needRoot(t *testing.T, bins ...string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop devices")
-	}
-	for _, b := range append([]string{"losetup"}, bins...) {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s in PATH", b)
-		}
-	}
-}
-
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()

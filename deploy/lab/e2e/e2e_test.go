@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"kiln/deploy/lab/testkit"
 	"kiln/store"
 )
 
@@ -24,9 +25,7 @@ func gate(t *testing.T) {
 	if os.Getenv("KILN_E2E") == "" {
 		t.Skip("end-to-end VM test: run it with `make e2e` (sets KILN_E2E=1; needs root, qemu, the built env)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("end-to-end VM test needs root (network namespaces, tap devices)")
-	}
+	testkit.NeedRoot(t, "the end-to-end VM test (network namespaces, tap devices)")
 }
 
 type logWriter struct{ t *testing.T }
