@@ -26,7 +26,7 @@ import (
 	. "kiln/api"
 	"kiln/api/agentapi"
 	"kiln/api/apitest"
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
 	"kiln/deploy/lab/testkit"
 	"kiln/store"
 )

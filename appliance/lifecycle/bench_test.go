@@ -12,7 +12,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
 	"kiln/store"
 )
 

@@ -15,7 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -368,10 +368,10 @@ func (c *Controller) VerifyAgentToken(machineID, token string) bool {
 var tokenArg = regexp.MustCompile(`(?i)(kiln\.token=|bearer\s+)\S+`)
 
 // sanitize makes agent or BMC text safe to store and show: valid UTF-8,
-// every character free text may not hold (intake.TextRune) replaced by a
+// every character free text may not hold (rules.TextRune) replaced by a
 // space, tokens redacted. Length is the caller's (truncate).
 func sanitize(s string) string {
-	s = intake.SanitizeText(s, -1)
+	s = rules.SanitizeText(s, -1)
 	s = tokenArg.ReplaceAllString(s, "${1}REDACTED")
 	return strings.TrimSpace(s)
 }

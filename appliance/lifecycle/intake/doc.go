@@ -20,12 +20,8 @@
 // MACs are normalised to lower-case colon form; a MAC, serial or name used
 // twice within a file is an error on the later row.
 //
-// rules.go is the one home of the record field rules: machine names
-// (CheckName), free text (CheckText, TextRune: no control, line-separator or
-// bidirectional characters), labels (CheckLabel), host names
-// (CheckHostname), BMC addresses (CheckHostPort) and the sanitising of text
-// that comes from machines (SanitizeText). Import applies them to every
-// row; the REST API (package api) applies the same functions to its request
-// bodies, the lifecycle controller to claims and BMC enrolments, and the
-// kiln CLI escapes what TextRune refuses before printing a table.
+// Every field is checked by the domain's one set of field rules (package
+// kiln/appliance/lifecycle/rules: names, free text, labels, host names, BMC
+// addresses), the same functions the REST API and the lifecycle controller
+// apply, so a value an import accepts is one every later request accepts.
 package intake

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"unicode"
 
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -423,7 +424,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	}
 	text := func(field string) string {
 		v := raw.vals[field]
-		if err := CheckText(v, MaxTextLen); err != nil {
+		if err := rules.CheckText(v, rules.MaxTextLen); err != nil {
 			bad(field, "%v", err)
 			return ""
 		}
@@ -431,7 +432,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	}
 	m := store.Machine{State: store.StateRegistered}
 	m.Name = raw.vals["name"]
-	if err := CheckName(m.Name); err != nil {
+	if err := rules.CheckName(m.Name); err != nil {
 		bad("name", "%v", err)
 	}
 	m.Intended.Serial = text("serial")
@@ -448,7 +449,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		}
 	}
 	if v := raw.vals["bmc_address"]; v != "" {
-		if err := CheckHostPort(v); err != nil {
+		if err := rules.CheckHostPort(v); err != nil {
 			bad("bmc_address", "%v", err)
 		} else {
 			m.Intended.BMCAddress = v
@@ -551,7 +552,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		}
 	}
 	for k, v := range labels {
-		if err := CheckLabel(k, v); err != nil {
+		if err := rules.CheckLabel(k, v); err != nil {
 			bad("labels", "%v", err)
 		}
 	}
