@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -38,25 +39,30 @@ func skipped(t *testing.T, fn func(testing.TB)) string {
 	return r.msg
 }
 
+// missing is a program that is on no PATH: a path into an empty directory.
+func missing(t *testing.T) string { return filepath.Join(t.TempDir(), "kiln-no-such-program") }
+
 func TestNeedBins(t *testing.T) {
 	if msg := skipped(t, func(tb testing.TB) { NeedBins(tb, "sh") }); msg != "" {
 		t.Fatalf("sh is on PATH, skipped: %s", msg)
 	}
-	msg := skipped(t, func(tb testing.TB) { NeedBins(tb, "sh", "kiln-no-such-program") })
-	if !strings.Contains(msg, "needs kiln-no-such-program on PATH") {
+	absent := missing(t)
+	msg := skipped(t, func(tb testing.TB) { NeedBins(tb, "sh", absent) })
+	if !strings.Contains(msg, "needs "+absent+" on PATH") {
 		t.Fatalf("skip message %q does not name the missing program", msg)
 	}
 }
 
 func TestNeedRoot(t *testing.T) {
-	msg := skipped(t, func(tb testing.TB) { NeedRoot(tb, "network namespaces", "kiln-no-such-program") })
+	absent := missing(t)
+	msg := skipped(t, func(tb testing.TB) { NeedRoot(tb, "network namespaces", absent) })
 	if os.Geteuid() != 0 {
 		if want := fmt.Sprintf("needs root for network namespaces (running as uid %d)", os.Geteuid()); msg != want {
 			t.Fatalf("skip message %q, want %q", msg, want)
 		}
 		return
 	}
-	if !strings.Contains(msg, "needs kiln-no-such-program on PATH") {
+	if !strings.Contains(msg, "needs "+absent+" on PATH") {
 		t.Fatalf("root, missing program: skip message %q", msg)
 	}
 	if msg := skipped(t, func(tb testing.TB) { NeedRoot(tb, "network namespaces", "sh") }); msg != "" {
