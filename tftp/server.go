@@ -25,7 +25,7 @@ const (
 )
 
 // EmbeddedNames are the iPXE binaries served from memory, by the names DHCP
-// hands out as the boot file (DESIGN.md "Boot flow").
+// hands out as the boot file (top-level DESIGN.md "Boot flow").
 var EmbeddedNames = []string{"undionly.kpxe", "ipxe.efi", "snp.efi"}
 
 // Server is a read-only TFTP server. Create it with New; serve with Run or Serve.

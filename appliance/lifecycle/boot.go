@@ -39,17 +39,17 @@ type Boot struct {
 var netbootStates = []store.MachineState{store.StateRegistered, store.StateDiscovered, store.StateInspecting,
 	store.StateAvailable, store.StateProvisioning, store.StateErasing}
 
-// BootFor decides what the machine whose NIC has mac boots (DESIGN.md "Boot
-// flow", step 4): the agent with a new per-boot token for machines in
-// registered, discovered, inspecting, available, provisioning (build not
-// yet complete) or erasing with netboot allowed; the local disk for
-// provisioned, failed, quarantined, retired or netboot=false; for an
-// unknown MAC, a new discovered record (UnknownMachines=discover, within
-// the discovery rate and cap) or the local disk (exit, or discovery
-// refused). A provisioning machine whose build completed (finalize
-// succeeded; this is its post-build reboot) gets the local disk and
-// becomes provisioned (reason booted_local_disk, actor controller); it is
-// never handed the agent again.
+// BootFor decides what the machine whose NIC has mac boots (top-level
+// DESIGN.md "Boot flow", step 4; DESIGN.md "The boot guard"): the agent with
+// a new per-boot token for machines in registered, discovered, inspecting,
+// available, provisioning (build not yet complete) or erasing with netboot
+// allowed; the local disk for provisioned, failed, quarantined, retired or
+// netboot=false; for an unknown MAC, a new discovered record
+// (UnknownMachines=discover, within the discovery rate and cap) or the local
+// disk (exit, or discovery refused). A provisioning machine whose build
+// completed (finalize succeeded; this is its post-build reboot) gets the
+// local disk and becomes provisioned (reason booted_local_disk, actor
+// controller); it is never handed the agent again.
 //
 // A live agent is never displaced: while the machine's agent has been
 // heard from within AgentLiveWindow (see holdBoot), BootFor issues no

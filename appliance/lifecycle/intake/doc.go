@@ -1,5 +1,6 @@
 // Package intake turns a purchase record or rack plan into registered
-// machines with their intended fields (DESIGN.md "Machine records").
+// machines with their intended fields (top-level DESIGN.md "Machine
+// records").
 //
 // Three formats are read by Parse:
 //

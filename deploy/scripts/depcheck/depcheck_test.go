@@ -96,7 +96,7 @@ func TestPermitted(t *testing.T) {
 }
 
 // TestRowsAreTheFixedFolders: the table's top-level rows are exactly the
-// fixed top-level folders of DESIGN.md "Parts and folders", and every other
+// fixed top-level folders of top-level DESIGN.md "Parts and folders", and every other
 // row refines one of them.
 func TestRowsAreTheFixedFolders(t *testing.T) {
 	fixed := map[string]bool{}

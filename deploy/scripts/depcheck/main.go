@@ -1,5 +1,5 @@
-// Command depcheck keeps Kiln's imports pointing one way (DESIGN.md "Parts
-// and folders"). The table in rules.go says, per folder, what may import
+// Command depcheck keeps Kiln's imports pointing one way (top-level
+// DESIGN.md "Parts and folders"). The table in rules.go says, per folder, what may import
 // what, with the reason for each row; it has no exception list:
 //
 //   - the protocol packages (dhcp, tftp, httpboot, bmc) and the store import

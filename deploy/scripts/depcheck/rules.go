@@ -1,7 +1,7 @@
 package main
 
 // rules is the table of which of Kiln's packages may import which
-// (DESIGN.md "Parts and folders"). A row covers its
+// (top-level DESIGN.md "Parts and folders"). A row covers its
 // folder and every package under it; the row with the longest folder wins
 // (cmd/kiln-agent over cmd). Every top-level folder that holds Go code has
 // a row: a package in a folder with none fails the check.
