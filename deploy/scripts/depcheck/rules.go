@@ -1,22 +1,24 @@
 package main
 
 // rules is the table of which of Kiln's packages may import which
-// (top-level DESIGN.md "Parts and folders"). A row covers its
-// folder and every package under it; the row with the longest folder wins
-// (cmd/kiln-agent over cmd). Every top-level folder that holds Go code has
-// a row: a package in a folder with none fails the check.
+// (top-level DESIGN.md "Parts and folders"). A row covers its folder and
+// every package under it; the row with the longest folder wins
+// (cmd/kiln-agent over cmd). Every top-level folder that holds Go code has a
+// row: a package in a folder with none fails the check.
 //
 // Patterns: "store" is the package kiln/store alone; "store/..." is
 // kiln/store and every package under it.
 //
 // may is what the row's non-test files may import. tests is what its test
-// files (package and external _test.go) may import besides may; a test
-// import must stay inside may+tests together with everything it imports in
-// turn, so a helper cannot carry a test where the test may not go (a
-// protocol package's test importing deploy/lab/e2e, which imports the
-// store, fails). deploy/lab/... is in every row's tests: the lab's harness
+// files (package and external _test.go) may import besides may. A test
+// import that only tests allows must not reach, through its own non-test
+// imports, anything outside may and tests, so a helper cannot carry a test
+// where the test may not go (a protocol package's test importing
+// deploy/lab/e2e, which imports the store, fails); what a test import that
+// may allows reaches is checked by that package's own row. Every row
+// outside deploy has deploy/lab/... among its tests: the lab's harness
 // packages (testkit, ipmilab, qemuvm, vbmc) import nothing of Kiln's outside
-// deploy/lab, so they take a test nowhere else.
+// deploy, so they take a test nowhere else.
 var rules = []rule{
 	// The protocol packages and the store import nothing of Kiln's: each
 	// declares the small interface it needs where it uses it, and appliance
@@ -61,7 +63,7 @@ var rules = []rule{
 	{folder: "deploy/scripts", may: []string{"deploy/scripts/..."}},
 }
 
-// lab is what every package's tests may import besides its own rules: the
-// lab's harness packages (checked to import nothing of Kiln's outside
-// deploy/lab by the deploy row, and transitively by the test rule).
+// lab is what the tests of every package outside deploy may import besides
+// their row's may: the lab's harness packages. The deploy row keeps them to
+// deploy/...; the test rule checks everything they reach.
 var lab = []string{"deploy/lab/..."}
