@@ -12,6 +12,7 @@
 //
 // It is for tests only (it calls testing.TB) and imports nothing of Kiln's,
 // so the test files of every package, the protocol packages and the store
-// included, may import it (deploy/scripts/depcheck allows tests to import
-// deploy/lab packages that reach nothing of Kiln's outside deploy/lab).
+// included, may import it: deploy/scripts/depcheck lets tests import the
+// lab's packages as long as nothing they reach is outside what the importing
+// package may import.
 package testkit
