@@ -862,8 +862,8 @@ func TestBodyTooLarge(t *testing.T) {
 }
 
 // FuzzHandlers sends arbitrary bodies (network bytes) to the JSON routes
-// through the whole handler stack: never a 500, never a panic, and every
-// error is a JSON error body with a code.
+// through the whole handler stack: never a 500, never a panic, every error
+// is a JSON error body with a code, and every success body is JSON.
 func FuzzHandlers(f *testing.F) {
 	f.Add(uint8(0), []byte(`{"resource_version":1,"name":"x"}`))
 	f.Add(uint8(1), []byte(`{"machine_id":"m-00001","step":"write","state":"running","progress":0.5}`))
@@ -906,6 +906,8 @@ func FuzzHandlers(f *testing.F) {
 			if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil || eb.Error.Code == "" {
 				t.Fatalf("error body %q", rec.Body)
 			}
+		} else if rec.Body.Len() > 0 && !json.Valid(rec.Body.Bytes()) {
+			t.Fatalf("%s %s %q: %d with a body that is not JSON: %q", rt.method, rt.path, body, rec.Code, rec.Body)
 		}
 	})
 }
@@ -971,4 +973,14 @@ func TestFreeTextRefused(t *testing.T) {
 	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable || got.Name != "n1" {
 		t.Fatalf("machine changed: %+v", got)
 	}
+}
+
+// TestTrailingDataRefused: a body with anything but white space after its
+// JSON value is refused as trailing_data (it was accepted: `{"name":"a"} xyz`).
+func TestTrailingDataRefused(t *testing.T) {
+	h := newHarness(t)
+	for _, body := range []string{`{"name":"a"} xyz`, `{"name":"a"}]`, `{"name":"a"}{}`, `{"name":"a"} 1`} {
+		h.want(h.do("POST", "/v1/sites", adminTok, body), 400, CodeTrailingData)
+	}
+	h.want(h.do("POST", "/v1/sites", adminTok, "{\"name\":\"ok-site\"} \r\n\t"), 201, "")
 }

@@ -59,6 +59,7 @@ const (
 	CodeNotFound          = "not_found"
 	CodeConflict          = "conflict"
 	CodeIllegalTransition = "illegal_transition"
+	CodeImageInUse        = "image_in_use"
 	CodeImportRejected    = "import_rejected"
 	CodeNotLeader         = "not_leader"
 	CodeTooLarge          = "too_large"
@@ -187,6 +188,8 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 		return http.StatusForbidden, ErrorDetail{Code: CodeForbidden, Message: err.Error()}
 	case errors.Is(err, store.ErrNotFound):
 		return http.StatusNotFound, ErrorDetail{Code: CodeNotFound, Message: err.Error()}
+	case errors.Is(err, store.ErrImageInUse):
+		return http.StatusConflict, ErrorDetail{Code: CodeImageInUse, Message: err.Error()}
 	case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrDuplicateMAC):
 		return http.StatusConflict, ErrorDetail{Code: CodeConflict, Message: err.Error()}
 	case errors.Is(err, store.ErrNotLeader):

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http/httptest"
 	"strings"
@@ -14,13 +16,16 @@ import (
 )
 
 // FuzzDecodeJSON feeds arbitrary request bodies (network bytes) through the
-// strict JSON decoder used by every handler: it must never panic, and every
-// failure must be a classified 400/413, never a 500.
+// strict JSON decoder used by every handler. Every failure is a classified
+// 400/413, never a 500. An accepted body is exactly one JSON value (nothing
+// after it but white space), and what it decoded to round-trips: its
+// encoding is accepted and decodes to a patch with the same encoding.
 func FuzzDecodeJSON(f *testing.F) {
 	for _, s := range []string{
 		`{"resource_version":1,"name":"x"}`, `{"resource_version":1,"state":"available"}`, `{"intended":{"nics":[{"mac":"52:54:00:00:00:01"}]}}`,
 		`{"rack_unit":"top"}`, `{`, ``, `null`, `[]`, `{"labels":{"a":"b"}}{}`, `{"resource_version":-1}`, "\xff\xfe",
-		`{"intended":{"colour":1}}`, `{"resource_version":1e400}`,
+		`{"intended":{"colour":1}}`, `{"resource_version":1e400}`, `{"name":"a"} xyz`, `{"name":"a"}]`, `{"name":"a"} `,
+		`{"labels":null,"name":"\u00e9\ud800"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -33,6 +38,24 @@ func FuzzDecodeJSON(f *testing.F) {
 		var p MachinePatch
 		err := decodeJSON(c, 1<<12, &p, false)
 		if err == nil {
+			if !json.Valid(body) {
+				t.Fatalf("accepted %q, which is not exactly one JSON value", body)
+			}
+			enc, err := json.Marshal(p)
+			if err != nil {
+				t.Fatalf("accepted %q: re-encoding: %v", body, err)
+			}
+			c2 := e.NewContext(httptest.NewRequest("PATCH", "/v1/machines/x", bytes.NewReader(enc)), httptest.NewRecorder())
+			var p2 MachinePatch
+			if err := decodeJSON(c2, 1<<20, &p2, false); err != nil {
+				t.Fatalf("accepted %q, but its own encoding %s is refused: %v", body, enc, err)
+			}
+			// Compared in the encoded form: an empty list and an absent one (omitempty)
+			// are the same patch.
+			enc2, _ := json.Marshal(p2)
+			if !bytes.Equal(enc, enc2) {
+				t.Fatalf("round trip of %q changed it:\n%s\n%s", body, enc, enc2)
+			}
 			if err := validateMachineFields(0, nil, p.Intended, "", ""); err != nil && !errors.Is(err, ErrInvalid) {
 				t.Fatalf("validate: unclassified %v", err)
 			}

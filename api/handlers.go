@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"mime"
-	"net"
 	"net/http"
 	"net/netip"
 	"regexp"
@@ -297,13 +296,14 @@ func validateLabels(field string, l map[string]string) error {
 	return nil
 }
 
-// normMAC validates a MAC and returns its lower-case colon form.
+// normMAC checks a machine MAC by the store's one rule (store.ParseMachineMAC:
+// EUI-48, unicast, not all zeros) and returns its lower-case colon form.
 func normMAC(field, s string) (string, error) {
-	hw, err := net.ParseMAC(s)
-	if err != nil || len(hw) != 6 {
-		return "", invalid(field, "%q is not a 48-bit MAC address", s)
+	m, err := store.ParseMachineMAC(s)
+	if err != nil {
+		return "", invalid(field, "%v", err)
 	}
-	return hw.String(), nil
+	return m, nil
 }
 
 // validateHardware checks and normalises intended hardware in place.

@@ -167,7 +167,6 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 			{Err: lifecycle.ErrImageFormat, Status: http.StatusBadRequest, Code: "format_mismatch"},
 			{Err: lifecycle.ErrImageSize, Status: http.StatusBadRequest, Code: "size_mismatch"},
 			{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
-			{Err: lifecycle.ErrImageInUse, Status: http.StatusConflict, Code: "image_in_use"},
 			{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
 			{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
 			{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},

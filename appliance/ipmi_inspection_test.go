@@ -17,6 +17,7 @@ import (
 	"kiln/bmc"
 	"kiln/deploy/lab/ipmilab"
 	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 	"kiln/store"
 	"kiln/store/storetest"
 )
@@ -34,14 +35,8 @@ func TestIPMIAutoInspection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: ipmi_sim")
 	}
-	testkit.NeedRoot(t, "a network namespace and ipmi_sim", "ip", "ipmi_sim", "ipmitool", "setsid")
-	labDir, err := filepath.Abs("../deploy/lab/ipmi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(labDir, "lan.conf.in")); err != nil {
-		t.Skipf("needs deploy/lab/ipmi: %v", err)
-	}
+	testreq.Root(t, "a network namespace and ipmi_sim", "ip", "ipmi_sim", "ipmitool", "setsid")
+	labDir := filepath.Dir(testreq.RepoFile(t, "deploy/lab/ipmi/lan.conf.in"))
 	check := func(err error) {
 		t.Helper()
 		if err != nil {

@@ -165,6 +165,9 @@ func parseBootParam5(out string) (bootFlags, error) {
 			n++
 		}
 	}
+	if err := sc.Err(); err != nil { // e.g. a line over 64 KiB: the lines after it were not read
+		return bootFlags{}, fmt.Errorf("%w: bootparam 5: %v", ErrBadAnswer, err)
+	}
 	if n != 1 {
 		return bootFlags{}, fmt.Errorf("%w: bootparam 5: %d data lines", ErrBadAnswer, n)
 	}

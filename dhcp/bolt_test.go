@@ -19,8 +19,6 @@ type boltBackend struct {
 	db       *bolt.DB
 	mu       sync.Mutex
 	machines map[string]MachineInfo
-	batches  int
-	leases   int
 }
 
 var leaseBucket = []byte("leases")
@@ -76,17 +74,5 @@ func (b *boltBackend) SaveLeases(_ context.Context, ls []Lease) error {
 		}
 		return nil
 	})
-	if err == nil {
-		b.mu.Lock()
-		b.batches++
-		b.leases += len(ls)
-		b.mu.Unlock()
-	}
 	return err
-}
-
-func (b *boltBackend) counts() (batches, leases int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.batches, b.leases
 }

@@ -3,6 +3,7 @@ package dhcp
 import (
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
@@ -55,13 +56,42 @@ func FuzzHandle(f *testing.F) {
 	})
 }
 
-// FuzzUserClass: the RFC 3004 walker never panics and agrees with the raw form.
+// FuzzUserClass: isIPXEUserClass agrees with a second form of option 77,
+// the insomniacslk/dhcp library's RFC 3004 decoding (dhcpv4.Strings): true
+// exactly when the option is the raw string "iPXE" (what iPXE sends) or a
+// well-formed RFC 3004 list (§2: instances of length ≥ 1 filling the option)
+// with an instance "iPXE". And a list the library encodes from the fuzzed
+// instances is recognised exactly when one of them is "iPXE".
 func FuzzUserClass(f *testing.F) {
 	f.Add([]byte("iPXE"))
 	f.Add([]byte{4, 'i', 'P', 'X', 'E'})
 	f.Add([]byte{2, 'a', 'b', 4, 'i', 'P', 'X', 'E'})
+	f.Add([]byte{4, 'i', 'P', 'X', 'E', 0})
+	f.Add([]byte{4, 'i', 'P', 'X', 'E', 9, 'x'})
 	f.Add([]byte{255})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_ = isIPXEUserClass(b)
+		var list dhcpv4.Strings
+		want := string(b) == "iPXE" || (list.FromBytes(b) == nil && slices.Contains(list, "iPXE"))
+		if got := isIPXEUserClass(b); got != want {
+			t.Fatalf("option 77 % x: isIPXEUserClass %v, RFC 3004 decoding says %v (instances %q)", b, got, want, list)
+		}
+		// Constructive form: the fuzzed bytes cut into instances of 1..255 bytes.
+		var inst dhcpv4.Strings
+		for rest := b; len(rest) > 0; {
+			n := 1 + int(rest[0])%min(len(rest), 255)
+			if n > len(rest) {
+				n = len(rest)
+			}
+			inst = append(inst, string(rest[:n]))
+			rest = rest[n:]
+		}
+		if len(inst) == 0 {
+			return
+		}
+		enc := inst.ToBytes()
+		want = string(enc) == "iPXE" || slices.Contains(inst, "iPXE")
+		if got := isIPXEUserClass(enc); got != want {
+			t.Fatalf("RFC 3004 list %q (% x): isIPXEUserClass %v, want %v", inst, enc, got, want)
+		}
 	})
 }

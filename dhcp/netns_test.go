@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // Tests in this file build network namespaces kdh-<id>-s (server) and
@@ -173,7 +174,7 @@ func writeHook(t testing.TB) (script, out string) {
 }
 
 func TestNetnsDhclientAndUdhcpc(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip", "dhclient", "udhcpc")
+	testreq.Root(t, "network namespaces", "ip", "dhclient", "udhcpc")
 	l := newLab(t)
 	b := newBoltBackend(t)
 	startServer(t, l, l.config(), b)
@@ -286,7 +287,7 @@ func (r *relayClient) exchange(t testing.TB, req *dhcpv4.DHCPv4, wait time.Durat
 }
 
 func TestNetnsRelayAndServerID(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip")
+	testreq.Root(t, "network namespaces", "ip")
 	l := newLab(t)
 	l.addClientIP(t)
 	b := newBoltBackend(t)
@@ -332,7 +333,7 @@ func TestNetnsRelayAndServerID(t *testing.T) {
 }
 
 func TestNetnsPortInUse(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip")
+	testreq.Root(t, "network namespaces", "ip")
 	l := newLab(t)
 	var holder net.PacketConn
 	var err error
@@ -355,7 +356,7 @@ func TestNetnsPortInUse(t *testing.T) {
 // listens on 67) with options 60/93/77 set by -o, captures the exchange with
 // tcpdump and checks each reply's boot file against its request's arch.
 func TestNetnsPerfdhcpBootFiles(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip", "perfdhcp", "tcpdump")
+	testreq.Root(t, "network namespaces", "ip", "perfdhcp", "tcpdump")
 	l := newLab(t)
 	l.addClientIP(t)
 	startServer(t, l, l.config(), newBoltBackend(t))
@@ -473,7 +474,7 @@ func (s *syncBuf) String() string {
 // without address broadcast out of the ingress interface; a REQUEST to port
 // 4011 gets an ACK back to its sender, from the address it was sent to.
 func TestNetnsProxyDHCP(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip")
+	testreq.Root(t, "network namespaces", "ip")
 	l := newLab(t)
 	l.addClientIP(t)
 	cfg := l.config()

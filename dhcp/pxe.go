@@ -45,25 +45,24 @@ func classify(req *dhcpv4.DHCPv4) client {
 }
 
 // isIPXEUserClass accepts option 77 as the raw string "iPXE" (what iPXE
-// sends) or as RFC 3004 length-prefixed instances, one of them "iPXE".
+// sends) or as a well-formed RFC 3004 §2 list of length-prefixed instances
+// (each of length ≥ 1, together filling the option), one of them "iPXE". A
+// malformed list is not read at all, even when an "iPXE" instance precedes
+// the fault.
 func isIPXEUserClass(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
 	if bytes.Equal(b, []byte("iPXE")) {
 		return true
 	}
+	found := false
 	for len(b) > 0 {
 		n := int(b[0])
 		if n == 0 || 1+n > len(b) {
 			return false
 		}
-		if bytes.Equal(b[1:1+n], []byte("iPXE")) {
-			return true
-		}
+		found = found || bytes.Equal(b[1:1+n], []byte("iPXE"))
 		b = b[1+n:]
 	}
-	return false
+	return found
 }
 
 // archLabel maps option 93 to a bounded metric label.

@@ -12,6 +12,12 @@
 //	PUT /images/{name}     upload (only with Config.AllowUpload); header X-Image-SHA256 required
 //	GET /ipxe.efi  /snp.efi  /undionly.kpxe   embedded iPXE binaries (ipxedust)
 //
+// Each file's Content-Type comes from one table (MediaType): .efi is
+// application/efi, .iso application/vnd.efi-iso and .img
+// application/vnd.efi-img, the types UEFI HTTP boot firmware reads before
+// the URL's extension; the script is text/plain, everything else
+// application/octet-stream. No header is ever sent with an empty value.
+//
 // Files are served with Range (RFC 9110 §14), Content-Length, HEAD, and a
 // strong ETag that is the SHA-256 of the content (computed once per file and
 // cached by size and modification time). No boot path ever answers 3xx:

@@ -12,6 +12,7 @@ import (
 
 	"kiln/deploy/lab/qemuvm"
 	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // TestIPXEBootsRenderedScript boots two qemu VMs in turn (TCG): "bios" is
@@ -24,18 +25,16 @@ import (
 // arguments (kiln.url, kiln.machine, kiln.token) arrived intact.
 //
 // Needs root, qemu-system-x86_64, dnsmasq, cpio, /bin/busybox (busybox-static)
-// and a kernel: $KILN_TEST_KERNEL or build/env/vmlinuz (`make env`).
+// and a kernel: $KILN_TEST_KERNEL, else the in-RAM environment's (testreq.Env:
+// $KILN_ENV_DIR as `make unit` sets it, or built by deploy/env/build.sh).
 func TestIPXEBootsRenderedScript(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces and a tap device", "ip", "qemu-system-x86_64", "dnsmasq", "cpio")
+	testreq.Root(t, "network namespaces and a tap device", "ip", "qemu-system-x86_64", "dnsmasq", "cpio", "/bin/busybox")
 	kernel := os.Getenv("KILN_TEST_KERNEL")
 	if kernel == "" {
-		kernel = "../build/env/vmlinuz"
+		kernel, _ = testreq.Env(t)
 	}
 	if _, err := os.Stat(kernel); err != nil {
-		t.Skipf("needs a kernel: set KILN_TEST_KERNEL or run `make env` (%v)", err)
-	}
-	if _, err := os.Stat("/bin/busybox"); err != nil {
-		t.Skip("needs /bin/busybox (busybox-static)")
+		t.Fatalf("KILN_TEST_KERNEL: %v", err)
 	}
 	dir := t.TempDir()
 

@@ -14,6 +14,7 @@ import (
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
 
 	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // Real curl in a network namespace "kbt-h*" joined by a veth pair in
@@ -25,7 +26,7 @@ func curl(l testkit.Link, dir string, args ...string) (string, error) {
 }
 
 func TestRealCurl(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip", "curl")
+	testreq.Root(t, "network namespaces", "ip", "curl")
 	l := testkit.NewLink(t, "kbt-h", netip.MustParsePrefix("10.72.2.0/24"), 0)
 	e := startHTTP(t, l.HostIP+":0", nil)
 	dir := t.TempDir()

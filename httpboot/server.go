@@ -53,9 +53,9 @@ type Server struct {
 }
 
 type embedded struct {
-	data []byte
-	etag string
-	mod  time.Time
+	data   []byte
+	sha256 string // lower-case hex
+	mod    time.Time
 }
 
 type metrics struct {
@@ -120,7 +120,7 @@ func New(cfg Config, backend Backend, reg prometheus.Registerer) (*Server, error
 			return nil, fmt.Errorf("%w: embedded %s missing", ErrConfig, n)
 		}
 		sum := sha256.Sum256(b)
-		s.ipxe[n] = embedded{data: b, etag: `"` + hex.EncodeToString(sum[:]) + `"`, mod: start}
+		s.ipxe[n] = embedded{data: b, sha256: hex.EncodeToString(sum[:]), mod: start}
 	}
 
 	mux := http.NewServeMux()
@@ -271,15 +271,24 @@ func (c *countingWriter) ReadFrom(r io.Reader) (int64, error) {
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
-// serveContent serves content with Range/HEAD/conditional support and a
-// strong ETag, counting bytes and outcome under class.
-func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, class, name, etag string, mod time.Time, content io.ReadSeeker) {
+// setETag sets the strong ETag for a SHA-256 (hex); without a digest no
+// ETag is sent rather than an empty one.
+func setETag(h http.Header, sha256 string) {
+	if sha256 != "" {
+		h.Set("ETag", `"`+sha256+`"`)
+	}
+}
+
+// serveContent serves content with Range/HEAD/conditional support, the
+// Content-Type of MediaType(name) and a strong ETag from its SHA-256,
+// counting bytes and outcome under class.
+func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, class, name, sha256 string, mod time.Time, content io.ReadSeeker) {
 	s.m.active.Inc()
 	defer s.m.active.Dec()
 	cw := &countingWriter{ResponseWriter: w}
 	h := w.Header()
-	h.Set("ETag", etag)
-	h.Set("Content-Type", "application/octet-stream")
+	setETag(h, sha256)
+	h.Set("Content-Type", MediaType(name))
 	h.Set("Accept-Ranges", "bytes")
 	http.ServeContent(cw, r, name, mod, content)
 	s.m.bytes.WithLabelValues(class).Add(float64(cw.n))
@@ -309,12 +318,7 @@ func (s *Server) handleIPXE(w http.ResponseWriter, r *http.Request) {
 		s.notFound(w, ClassIPXE)
 		return
 	}
-	s.serveContent(w, r, ClassIPXE, path.Base(r.URL.Path), e.etag, e.mod, bytes.NewReader(e.data))
-}
-
-// serveFile serves an open regular file whose digest comes from the cache.
-func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, class, name string, f *os.File, sum string, mod time.Time) {
-	s.serveContent(w, r, class, name, `"`+sum+`"`, mod, f)
+	s.serveContent(w, r, ClassIPXE, path.Base(r.URL.Path), e.sha256, e.mod, bytes.NewReader(e.data))
 }
 
 func (s *Server) handleEnv(w http.ResponseWriter, r *http.Request) {
@@ -342,7 +346,7 @@ func (s *Server) handleEnv(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "read error", http.StatusInternalServerError)
 		return
 	}
-	s.serveFile(w, r, ClassEnv, name, f, sum, st.ModTime())
+	s.serveContent(w, r, ClassEnv, name, sum, st.ModTime(), f)
 }
 
 func (s *Server) handleImage(w http.ResponseWriter, r *http.Request) {
@@ -363,7 +367,7 @@ func (s *Server) handleImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer f.Close()
-	s.serveFile(w, r, ClassImage, name, f, e.SHA256, e.ModTime)
+	s.serveContent(w, r, ClassImage, name, e.SHA256, e.ModTime, f)
 }
 
 func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
@@ -393,7 +397,7 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.logger().Info("httpboot image stored", "image", e.Name, "bytes", e.Size, "sha256", e.SHA256)
-	w.Header().Set("ETag", `"`+e.SHA256+`"`)
+	setETag(w.Header(), e.SHA256)
 	w.WriteHeader(http.StatusCreated)
 }
 
@@ -443,7 +447,7 @@ func (s *Server) handleScript(w http.ResponseWriter, r *http.Request) {
 	s.m.active.Inc()
 	defer s.m.active.Dec()
 	h := w.Header()
-	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Content-Type", MediaTypeScript)
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(script)))
 	n := 0

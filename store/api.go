@@ -55,9 +55,12 @@ func (s *Store) PutRack(ctx context.Context, v Rack, w W) (Rack, error) {
 // State registered (default) or discovered; a state change must satisfy
 // CanTransition, else *IllegalTransitionError, and emits a "transition"
 // event carrying w. NIC MACs are stored lower-case; a MAC held by another
-// machine gives ErrDuplicateMAC.
+// machine gives ErrDuplicateMAC. A claim the write adds, or whose image it
+// changes, must name a stored image at the moment the write applies
+// (ErrInvalid otherwise), so a claim never names a deleted image (see
+// DeleteImage).
 func (s *Store) PutMachine(ctx context.Context, m Machine, w W) (Machine, error) {
-	return one[Machine](s.write(ctx, &command{Type: CmdPutMachines, W: w, Machines: []Machine{m}}))
+	return one[Machine](s.write(ctx, &command{Type: CmdPutMachinesV2, W: w, Machines: []Machine{m}}))
 }
 
 // PutMachines applies PutMachine to every element in ONE raft command,
@@ -67,7 +70,28 @@ func (s *Store) PutMachines(ctx context.Context, ms []Machine, w W) ([]Machine, 
 	if len(ms) == 0 {
 		return nil, nil
 	}
-	vals, recs, err := s.write(ctx, &command{Type: CmdPutMachines, W: w, Machines: ms})
+	return machinesOut(s.write(ctx, &command{Type: CmdPutMachinesV2, W: w, Machines: ms}))
+}
+
+// ImportMachines creates every machine of ms in ONE raft command,
+// all-or-nothing: each must be new (ResourceVersion 0; empty ID → leader
+// assigns one; an existing ID is ErrConflict) and may not take a name, an
+// intended serial (case-insensitive), a BMC MAC or a NIC MAC that a stored
+// machine or an earlier element of ms holds (NIC and BMC MACs are one
+// space). The check runs inside the raft apply, so two concurrent imports
+// cannot both take a value. Errors: *ImportConflictError (wraps
+// ErrConflict; every conflict, by position in ms), ErrConflict, ErrInvalid
+// (a malformed MAC), *IllegalTransitionError (State other than registered
+// or discovered). Returns the stored records in order.
+func (s *Store) ImportMachines(ctx context.Context, ms []Machine, w W) ([]Machine, error) {
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	return machinesOut(s.write(ctx, &command{Type: CmdImportMachines, W: w, Machines: ms}))
+}
+
+// machinesOut is the []Machine of a machines write (see one).
+func machinesOut(vals []json.RawMessage, recs []any, err error) ([]Machine, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -110,9 +134,12 @@ func (s *Store) PutImage(ctx context.Context, v Image, w W) (Image, error) {
 	return one[Image](s.write(ctx, &command{Type: CmdPutImage, W: w, Image: &v}))
 }
 
-// DeleteImage removes image id (ErrNotFound if absent).
+// DeleteImage removes image id: ErrNotFound if absent, ErrImageInUse
+// (naming a machine) while any machine's claim names it, in whatever state
+// (Release drops a claim). Checked inside the raft apply: a delete and a
+// claim of the same image racing each other never both succeed.
 func (s *Store) DeleteImage(ctx context.Context, id string, w W) error {
-	_, _, err := s.write(ctx, &command{Type: CmdDeleteImage, W: w, ID: id})
+	_, _, err := s.write(ctx, &command{Type: CmdDeleteImageV2, W: w, ID: id})
 	return err
 }
 

@@ -50,7 +50,7 @@ func benchApplyBatch(b *testing.B, size int, pre bool) {
 		for i := range logs {
 			idx++
 			n++
-			c := &command{Type: CmdPutMachines, Time: t0, Machines: []Machine{benchMachineRec(randID("m-"), n)}}
+			c := &command{Type: CmdPutMachinesV2, Time: t0, Machines: []Machine{benchMachineRec(randID("m-"), n)}}
 			data, err := encodeCommand(c)
 			if err != nil {
 				b.Fatal(err)

@@ -47,9 +47,11 @@ func waitMachines(t *testing.T, s *store.Store, n int) {
 }
 
 // TestClusterForwardFailoverCatchUp: three nodes; writes accepted on every
-// node (followers forward); the leader is killed and a new one is elected
-// with no acknowledged write lost; the old leader, restarted after missing
-// writes and a snapshot, catches up from snapshot + log.
+// node (followers forward); the leader is stopped (a clean shutdown: its
+// store closes; the SIGKILL of a node process is cmd/kiln's
+// TestServeClusterLeaderSIGKILL) and a new one is elected with no
+// acknowledged write lost; the old leader, restarted after missing writes
+// and a snapshot, catches up from snapshot + log.
 func TestClusterForwardFailoverCatchUp(t *testing.T) {
 	c := storetest.NewCluster(t, 3, func(cfg *store.Config) {
 		cfg.SnapshotThreshold = 64
@@ -82,7 +84,7 @@ func TestClusterForwardFailoverCatchUp(t *testing.T) {
 	if _, err := c.Nodes[f].Store.PutMachine(ctxT(t), m0, store.W{}); !errors.As(err, &ite) {
 		t.Fatalf("forwarded illegal transition: %v", err)
 	}
-	// Concurrent writers on all nodes while the leader is killed.
+	// Concurrent writers on all nodes while the leader is stopped.
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	stopW := make(chan struct{})
@@ -273,5 +275,35 @@ func TestClusterJoinRemoveViaFollower(t *testing.T) {
 		return st["num_peers"] == "1"
 	}) {
 		t.Fatalf("n9 still a peer: %v", c.Nodes[l].Store.Stats()["latest_configuration"])
+	}
+}
+
+// TestRestartedFollowerReadyAfterBarriers: a follower restarted while the
+// log ends in entries the FSM never sees (raft barriers from consistent
+// reads, a new leader's no-op) becomes Ready without waiting for a write.
+// (Ready compared the FSM's applied index with raft's commit index, which
+// counts those entries: found by cmd/kiln's TestServeClusterLeaderSIGKILL,
+// where the restarted node stayed not ready.)
+func TestRestartedFollowerReadyAfterBarriers(t *testing.T) {
+	c := storetest.NewCluster(t, 3)
+	leader := c.Leader()
+	putN(t, c.Nodes[leader].Store, "rb", 0, 5)
+	f := c.Follower()
+	waitMachines(t, c.Nodes[f].Store, 5)
+	c.Stop(f)
+	for i := 0; i < 3; i++ { // consistent reads on the leader: barrier entries after the last command
+		if err := c.Nodes[leader].Store.Barrier(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Restart(f)
+	s := c.Nodes[f].Store
+	if !waitTrue(10*time.Second, s.Ready) {
+		st := s.Stats()
+		t.Fatalf("restarted follower not Ready in 10 s: commit_index %s applied_index %s fsm_applied_index %s",
+			st["commit_index"], st["applied_index"], st["fsm_applied_index"])
+	}
+	if _, err := s.GetMachine("rb-004"); err != nil {
+		t.Fatalf("ready follower lacks a committed write: %v", err)
 	}
 }

@@ -14,26 +14,35 @@ type CommandType uint8
 
 // Command types. Zero is never valid.
 const (
-	CmdInvalid       CommandType = iota // 0: never written
-	CmdPutSite                          // 1: Site
-	CmdPutRack                          // 2: Rack
-	CmdPutMachines                      // 3: Machines (1..n, all-or-nothing)
-	CmdDeleteMachine                    // 4: ID
-	CmdPutBMC                           // 5: BMC
-	CmdPutSecret                        // 6: Key, Sealed
-	CmdPutImage                         // 7: Image
-	CmdDeleteImage                      // 8: ID
-	CmdPutJob                           // 9: Job
-	CmdPutLeases                        // 10: Leases
-	CmdAppendEvents                     // 11: Events
-	CmdRegisterNode                     // 12: Node (raft ID → forward address)
-	CmdRemoveNode                       // 13: ID
-	cmdEnd                              // sentinel: first unknown value
+	CmdInvalid        CommandType = iota // 0: never written
+	CmdPutSite                           // 1: Site
+	CmdPutRack                           // 2: Rack
+	CmdPutMachines                       // 3: Machines (1..n, all-or-nothing)
+	CmdDeleteMachine                     // 4: ID
+	CmdPutBMC                            // 5: BMC
+	CmdPutSecret                         // 6: Key, Sealed
+	CmdPutImage                          // 7: Image
+	CmdDeleteImage                       // 8: ID
+	CmdPutJob                            // 9: Job
+	CmdPutLeases                         // 10: Leases
+	CmdAppendEvents                      // 11: Events
+	CmdRegisterNode                      // 12: Node (raft ID → forward address)
+	CmdRemoveNode                        // 13: ID
+	CmdPutMachinesV2                     // 14: Machines; as 3, and a claim a write adds or changes must name a stored image
+	CmdDeleteImageV2                     // 15: ID; as 8, refused (ErrImageInUse) while a machine's claim names the image
+	CmdImportMachines                    // 16: Machines, create only; name, serial, BMC and NIC MACs unique (*ImportConflictError)
+	cmdEnd                               // sentinel: first unknown value
 )
+
+// CmdPutMachines (3) and CmdDeleteImage (8) are no longer written: their
+// V2 successors add referential checks. They still replay with their
+// original meaning, so a log written before the checks existed rebuilds
+// the very state it had (an old entry is never refused by a newer rule).
 
 var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "delete_machine",
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
-	"append_events", "register_node", "remove_node"}
+	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
+	"import_machines"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {

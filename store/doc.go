@@ -18,9 +18,18 @@
 // Reads come from the local replica; Barrier makes a following read
 // current (linearizable with respect to writes acknowledged before it).
 //
-// Errors: ErrNotFound, ErrConflict, ErrInvalid, ErrDuplicateMAC,
-// *IllegalTransitionError, ErrNotLeader (*NotLeaderError), ErrTimeout,
-// ErrCorrupt (names the file), ErrUnknownCommand, ErrBadCommand, ErrClosed.
+// Referential rules are decided inside the raft apply, never by a
+// read-then-write of a caller: a claim must name a stored image and an
+// image a claim names cannot be deleted (ErrImageInUse); ImportMachines
+// creates machines only when no stored or fellow machine holds their name,
+// serial, BMC MAC or NIC MAC (*ImportConflictError). ParseMachineMAC is the
+// one rule for a machine MAC given by an import or the API.
+//
+// Errors: ErrNotFound, ErrConflict (*ImportConflictError), ErrInvalid
+// (*MACError), ErrDuplicateMAC, ErrImageInUse, *IllegalTransitionError,
+// ErrNotLeader (*NotLeaderError), ErrTimeout, ErrCorrupt (names the file),
+// ErrInconsistentDataDir (names the files and how to recover),
+// ErrUnknownCommand, ErrBadCommand, ErrClosed.
 //
 // Metrics (kiln_store_*): raft_state, last_index, commit_index,
 // applied_index, last_event_index, commit_seconds, commands_total{type},

@@ -18,6 +18,15 @@ var (
 	ErrInvalid = errors.New("store: invalid argument")
 	// ErrDuplicateMAC: a NIC MAC is already indexed to another machine.
 	ErrDuplicateMAC = errors.New("store: MAC belongs to another machine")
+	// ErrImageInUse: DeleteImage of an image that a machine's claim names
+	// (release the machine first; Release drops its claim).
+	ErrImageInUse = errors.New("store: image is named by a machine's claim")
+	// ErrInconsistentDataDir: the data directory holds FSM state or
+	// snapshots that its raft.db cannot account for (raft.db missing or
+	// empty, a log whose start no snapshot covers, or an fsm.db ahead of
+	// the log). Open refuses it and changes nothing; the message names the
+	// files and the data directory and says how to recover.
+	ErrInconsistentDataDir = errors.New("store: inconsistent data directory")
 	// ErrNotLeader: this node is not the leader and the write could not be
 	// forwarded. The concrete error is *NotLeaderError, naming the leader.
 	ErrNotLeader = errors.New("store: not the leader")
@@ -61,3 +70,44 @@ func (e *NotLeaderError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrNotLeader) true.
 func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
+// Conflict is one value a machine of ImportMachines may not take because
+// another machine holds it. Index is the machine's position in the import;
+// Field is "name", "serial" (compared case-insensitively), "bmc_mac" or
+// "macs" (a NIC MAC; NIC and BMC MACs share one space); Value is the
+// value. The holder is a stored machine (Holder, its ID, and HolderName) or,
+// when Holder is "", the earlier machine HolderIndex of the same import.
+type Conflict struct {
+	Index       int    `json:"index"`
+	Field       string `json:"field"`
+	Value       string `json:"value"`
+	Holder      string `json:"holder,omitempty"`
+	HolderName  string `json:"holder_name,omitempty"`
+	HolderIndex int    `json:"holder_index"`
+}
+
+// ImportConflictError (wrapping ErrConflict) refuses an ImportMachines:
+// every conflicting value, in import order. Nothing was written.
+type ImportConflictError struct {
+	Conflicts []Conflict
+}
+
+func (e *ImportConflictError) Error() string {
+	if len(e.Conflicts) == 0 {
+		return "store: import conflicts with stored machines"
+	}
+	c := e.Conflicts[0]
+	s := fmt.Sprintf("store: import: machine %d: %s %q ", c.Index, c.Field, c.Value)
+	if c.Holder != "" {
+		s += fmt.Sprintf("belongs to machine %s", c.Holder)
+	} else {
+		s += fmt.Sprintf("is also on machine %d of this import", c.HolderIndex)
+	}
+	if n := len(e.Conflicts) - 1; n > 0 {
+		s += fmt.Sprintf(" (and %d more conflicts)", n)
+	}
+	return s
+}
+
+// Unwrap makes errors.Is(err, ErrConflict) true.
+func (e *ImportConflictError) Unwrap() error { return ErrConflict }

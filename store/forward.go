@@ -33,10 +33,11 @@ type membership struct {
 }
 
 type wireError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	From    string `json:"from,omitempty"`
-	To      string `json:"to,omitempty"`
+	Code      string     `json:"code"`
+	Message   string     `json:"message"`
+	From      string     `json:"from,omitempty"`
+	To        string     `json:"to,omitempty"`
+	Conflicts []Conflict `json:"conflicts,omitempty"` // *ImportConflictError
 }
 
 type wireResult struct {
@@ -51,7 +52,7 @@ var codeErrs = []struct {
 	err  error
 }{
 	{"conflict", ErrConflict}, {"not_found", ErrNotFound}, {"invalid", ErrInvalid},
-	{"duplicate_mac", ErrDuplicateMAC}, {"unknown_command", ErrUnknownCommand},
+	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"unknown_command", ErrUnknownCommand},
 	{"bad_command", ErrBadCommand}, {"not_leader", ErrNotLeader}, {"timeout", ErrTimeout},
 	{"corrupt", ErrCorrupt}, {"closed", ErrClosed},
 }
@@ -79,6 +80,10 @@ func toWire(err error) *wireError {
 	if errors.As(err, &ite) {
 		we.From, we.To = string(ite.From), string(ite.To)
 	}
+	var ice *ImportConflictError
+	if errors.As(err, &ice) {
+		we.Conflicts = ice.Conflicts
+	}
 	return we
 }
 
@@ -98,6 +103,9 @@ func fromWire(we *wireError) error {
 	}
 	if we.Code == "illegal_transition" {
 		return &IllegalTransitionError{From: MachineState(we.From), To: MachineState(we.To)}
+	}
+	if len(we.Conflicts) > 0 {
+		return &ImportConflictError{Conflicts: we.Conflicts}
 	}
 	for _, ce := range codeErrs {
 		if ce.code == we.Code {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -115,11 +116,12 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 			return nil, nil, 0, fmt.Errorf("%w: put_rack without rack", ErrBadCommand)
 		}
 		one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
-	case CmdPutMachines:
+	case CmdPutMachines, CmdPutMachinesV2:
+		checked := c.Type == CmdPutMachinesV2
 		out = make([]json.RawMessage, 0, len(c.Machines))
 		recs = make([]any, 0, len(c.Machines))
 		for i := range c.Machines {
-			raw, e := putMachine(a, &c.Machines[i])
+			raw, e := putMachine(a, &c.Machines[i], checked)
 			if e != nil {
 				if len(c.Machines) > 1 {
 					e = fmt.Errorf("machine %d (%s): %w", i, c.Machines[i].ID, e)
@@ -145,6 +147,12 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Image)(putSimple(a, bImages, "image", c.Image))
 	case CmdDeleteImage:
 		err = deleteSimple(a, bImages, "image", c.ID)
+	case CmdDeleteImageV2:
+		err = deleteImage(a, c.ID)
+	case CmdImportMachines:
+		if out, recs, err = importMachines(a, c.Machines); err != nil {
+			return nil, nil, 0, err
+		}
 	case CmdPutJob:
 		if c.Job == nil {
 			return nil, nil, 0, fmt.Errorf("%w: put_job without job", ErrBadCommand)
@@ -261,6 +269,42 @@ func NormalizeMAC(mac string) (string, error) {
 	return hw.String(), nil
 }
 
+// MACError is the refusal of ParseMachineMAC: Value as given and why it
+// is not a NIC's address. It unwraps to ErrInvalid.
+type MACError struct {
+	Value  string
+	Reason string
+}
+
+func (e *MACError) Error() string { return fmt.Sprintf("%q: %s", e.Value, e.Reason) }
+
+// Unwrap makes errors.Is(err, ErrInvalid) true.
+func (e *MACError) Unwrap() error { return ErrInvalid }
+
+// ParseMachineMAC is the one rule for a MAC address given for a machine —
+// a NIC's or its BMC's, by an import or through the API: an EUI-48 in any
+// form net.ParseMAC reads (colons, dashes or dots, any case), returned in
+// lower-case colon form ("aa:bb:cc:dd:ee:ff"). Refused with *MACError
+// (wraps ErrInvalid): anything but 6 octets (EUI-64, InfiniBand); a group
+// address, i.e. the I/G bit (least significant bit of the first octet) set,
+// which covers every multicast address and the broadcast address
+// ff:ff:ff:ff:ff:ff (IEEE 802-2014 §8.2.2); and 00:00:00:00:00:00. No NIC
+// sends from those, so the boot path ignores them (the dhcp and httpboot
+// packages keep the same test at the protocol layer) and a machine recorded
+// with one could never be found by its MAC.
+func ParseMachineMAC(s string) (string, error) {
+	hw, err := net.ParseMAC(strings.TrimSpace(s))
+	switch {
+	case err != nil || len(hw) != 6:
+		return "", &MACError{Value: s, Reason: "not an EUI-48 MAC address"}
+	case hw[0]&1 != 0:
+		return "", &MACError{Value: s, Reason: "a group (multicast or broadcast) address, which no NIC has"}
+	case bytes.Equal(hw, make(net.HardwareAddr, 6)):
+		return "", &MACError{Value: s, Reason: "the all-zero address, which no NIC has"}
+	}
+	return hw.String(), nil
+}
+
 func machineMACs(m *Machine) ([]string, error) {
 	var macs []string
 	seen := map[string]bool{}
@@ -289,7 +333,12 @@ func machineMACs(m *Machine) ([]string, error) {
 	return macs, nil
 }
 
-func putMachine(a *applyCtx, m *Machine) ([]byte, error) {
+// putMachine creates or updates m (see PutMachine). With checked (the
+// CmdPutMachinesV2 rules) a claim the write adds, or whose image it
+// changes, must name a stored image (ErrInvalid otherwise); a claim left as
+// it was is not re-checked, so a record written before the rule can still
+// move on.
+func putMachine(a *applyCtx, m *Machine, checked bool) ([]byte, error) {
 	macs, err := machineMACs(m)
 	if err != nil {
 		return nil, fmt.Errorf("machine %s: %w", m.ID, err)
@@ -329,11 +378,17 @@ func putMachine(a *applyCtx, m *Machine) ([]byte, error) {
 		}
 		ix.setOwner(mac, m.ID)
 	}
+	if checked && m.Claim != nil && (old == nil || old.Claim == nil || old.Claim.Image != m.Claim.Image) {
+		if m.Claim.Image == "" || a.tx.Bucket(bImages).Get([]byte(m.Claim.Image)) == nil {
+			return nil, fmt.Errorf("%w: machine %s: claim.image: no image %q", ErrInvalid, m.ID, m.Claim.Image)
+		}
+	}
 	var from MachineState
 	if old != nil {
 		from = old.State
 	}
 	ix.move(m.ID, from, m.State)
+	ix.setRefs(m.ID, machineRefs(old), machineRefs(m))
 	raw, err := writeRec(a, bMachines, m)
 	if err != nil {
 		return nil, err
@@ -374,10 +429,129 @@ func deleteMachine(a *applyCtx, id string) error {
 		}
 	}
 	a.ix.move(id, old.State, "")
+	a.ix.setRefs(id, machineRefs(&old), refList{})
 	if err := a.tx.Bucket(bMachines).Delete([]byte(id)); err != nil {
 		return err
 	}
 	return a.event(Event{Subject: "machine/" + id, Kind: "deleted", From: string(old.State)})
+}
+
+// deleteImage deletes image id unless a machine's claim names it
+// (ErrImageInUse, naming the first such machine by ID), whatever the
+// machine's state: a claim stays on a machine through provisioning,
+// provisioned and failed until Release drops it, and any of those may
+// still write or rewrite the image.
+func deleteImage(a *applyCtx, id string) error {
+	if a.tx.Bucket(bImages).Get([]byte(id)) == nil {
+		return fmt.Errorf("%w: image %s", ErrNotFound, id)
+	}
+	if hs := a.ix.holders(refKey{refClaimImage, id}); len(hs) > 0 {
+		more := ""
+		if len(hs) > 1 {
+			more = fmt.Sprintf(" and %d more", len(hs)-1)
+		}
+		return fmt.Errorf("%w: image %s is claimed by machine %s%s; release the machine first",
+			ErrImageInUse, id, describeMachine(a, hs[0]), more)
+	}
+	return deleteSimple(a, bImages, "image", id)
+}
+
+// describeMachine is "ID (name, state)" of stored machine id, for errors.
+func describeMachine(a *applyCtx, id string) string {
+	var m struct {
+		Name  string       `json:"name"`
+		State MachineState `json:"state"`
+	}
+	if raw := a.tx.Bucket(bMachines).Get([]byte(id)); raw != nil {
+		_ = json.Unmarshal(raw, &m)
+	}
+	if m.Name == "" {
+		return fmt.Sprintf("%s (%s)", id, m.State)
+	}
+	return fmt.Sprintf("%s (%s, %s)", id, m.Name, m.State)
+}
+
+// importMachines is CmdImportMachines: it creates every machine of ms (each
+// new: ResourceVersion 0 and an ID not stored, else ErrConflict) with the
+// CmdPutMachinesV2 rules, after checking that no machine takes a name,
+// serial (case-insensitive) or MAC held by a stored machine or by an
+// earlier machine of ms. NIC and BMC MACs share one space: a BMC MAC may be
+// no machine's NIC MAC and the other way round. Every conflict is reported
+// at once (*ImportConflictError, in order); a value repeated within one
+// machine is left to the caller's row checks. All or nothing.
+func importMachines(a *applyCtx, ms []Machine) ([]json.RawMessage, []any, error) {
+	machines := a.tx.Bucket(bMachines)
+	var conflicts []Conflict
+	seen := map[refKey]int{} // value → first machine of ms holding it; MACs of both kinds under refBMCMAC
+	check := func(i int, field, value string, key refKey, stored []string) {
+		if j, ok := seen[key]; ok {
+			if j != i {
+				conflicts = append(conflicts, Conflict{Index: i, Field: field, Value: value, HolderIndex: j})
+			}
+			return
+		}
+		seen[key] = i
+		if len(stored) > 0 {
+			c := Conflict{Index: i, Field: field, Value: value, Holder: stored[0], HolderIndex: -1}
+			var h struct {
+				Name string `json:"name"`
+			}
+			if raw := machines.Get([]byte(stored[0])); raw != nil {
+				_ = json.Unmarshal(raw, &h)
+			}
+			c.HolderName = h.Name
+			conflicts = append(conflicts, c)
+		}
+	}
+	macHolders := func(mac string) []string {
+		hs := a.ix.holders(refKey{refBMCMAC, mac})
+		if id := a.ix.owner(mac); id != "" {
+			hs = append([]string{id}, hs...)
+		}
+		return hs
+	}
+	for i := range ms {
+		m := &ms[i]
+		if m.ID == "" {
+			return nil, nil, fmt.Errorf("%w: imported machine %d without id", ErrInvalid, i)
+		}
+		if m.ResourceVersion != 0 || machines.Get([]byte(m.ID)) != nil {
+			return nil, nil, fmt.Errorf("%w: machine %d: %s exists; an import only creates machines", ErrConflict, i, m.ID)
+		}
+		macs, err := machineMACs(m)
+		if err != nil {
+			return nil, nil, fmt.Errorf("machine %d (%s): %w", i, m.ID, err)
+		}
+		if m.Name != "" {
+			k := refKey{refName, m.Name}
+			check(i, "name", m.Name, k, a.ix.holders(k))
+		}
+		if m.Intended.Serial != "" {
+			k := refKey{refSerial, serialKey(m.Intended.Serial)}
+			check(i, "serial", m.Intended.Serial, k, a.ix.holders(k))
+		}
+		if m.Intended.BMCMAC != "" {
+			mac := macKey(m.Intended.BMCMAC)
+			check(i, "bmc_mac", mac, refKey{refBMCMAC, mac}, macHolders(mac))
+		}
+		for _, mac := range macs {
+			check(i, "macs", mac, refKey{refBMCMAC, mac}, macHolders(mac))
+		}
+	}
+	if len(conflicts) > 0 {
+		return nil, nil, &ImportConflictError{Conflicts: conflicts}
+	}
+	out := make([]json.RawMessage, 0, len(ms))
+	recs := make([]any, 0, len(ms))
+	for i := range ms {
+		raw, err := putMachine(a, &ms[i], true)
+		if err != nil {
+			return nil, nil, fmt.Errorf("machine %d (%s): %w", i, ms[i].ID, err)
+		}
+		out = append(out, raw)
+		recs = append(recs, &ms[i])
+	}
+	return out, recs, nil
 }
 
 func putSecret(a *applyCtx, key string, sealed []byte) error {
@@ -487,5 +661,5 @@ func lastEventIndex(tx *bbolt.Tx) uint64 {
 func errIsLogical(err error) bool {
 	var ite *IllegalTransitionError
 	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) ||
-		errors.Is(err, ErrDuplicateMAC) || errors.As(err, &ite)
+		errors.Is(err, ErrDuplicateMAC) || errors.Is(err, ErrImageInUse) || errors.As(err, &ite)
 }

@@ -103,6 +103,12 @@ func openFSM(path string, log *slog.Logger) (*fsm, error) {
 	if err := checkBolt(path); err != nil {
 		return nil, err
 	}
+	return newFSM(path, log)
+}
+
+// newFSM is openFSM for a path already validated (Open checks the whole
+// data directory first, readDataDir).
+func newFSM(path string, log *slog.Logger) (*fsm, error) {
 	for _, p := range []string{path, path + ".restore"} { // .restore: left by a crash mid-Restore
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("%s: %w", p, err)
@@ -590,7 +596,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("restore: %s: %w", f.path, err)
 	}
 	f.ix.mu.Lock()
-	f.ix.mac, f.ix.state = ix.mac, ix.state
+	f.ix.mac, f.ix.state, f.ix.ref = ix.mac, ix.state, ix.ref
 	f.ix.mu.Unlock()
 	var last, applied uint64
 	_ = db.View(func(tx *bbolt.Tx) error {

@@ -10,9 +10,10 @@ import (
 )
 
 // machineIndex holds the derived machine indexes in memory: MAC → machine
-// ID and state → machine IDs. They are not stored in fsm.db (writing them
-// there cost two random bbolt pages per machine write, about half of the
-// FSM's time): fsm.db is rebuilt from snapshot + log on every start anyway,
+// ID, state → machine IDs, and name / serial / BMC MAC / claimed image →
+// machine IDs (the values import and image deletion check, see refKey).
+// They are not stored in fsm.db (writing them there cost two random bbolt
+// pages per machine write, about half of the FSM's time): fsm.db is rebuilt from snapshot + log on every start anyway,
 // and the index is rebuilt from the machines bucket whenever fsm.db is
 // replaced (Restore), so it is always a pure function of the records.
 //
@@ -24,10 +25,12 @@ type machineIndex struct {
 	mu    sync.RWMutex
 	mac   map[string]string                    // normalized MAC → machine ID
 	state map[MachineState]map[string]struct{} // state → set of machine IDs
+	ref   map[refKey]refSet                    // name, serial, BMC MAC, claimed image → machine IDs (refindex.go)
 }
 
 func newMachineIndex() *machineIndex {
-	return &machineIndex{mac: map[string]string{}, state: map[MachineState]map[string]struct{}{}}
+	return &machineIndex{mac: map[string]string{}, state: map[MachineState]map[string]struct{}{},
+		ref: map[refKey]refSet{}}
 }
 
 // buildMachineIndex derives the index from the machines bucket of tx.
@@ -52,6 +55,10 @@ func buildMachineIndex(tx *bbolt.Tx) (*machineIndex, error) {
 			ix.mac[mac] = id
 		}
 		ix.addState(m.State, id)
+		refs := machineRefs(&m)
+		for _, r := range refs.keys() {
+			ix.addRef(r, id)
+		}
 		return nil
 	})
 	return ix, err
@@ -93,6 +100,7 @@ type idxTx struct {
 	base  *machineIndex
 	mac   map[string]string    // MAC → owner ID, "" = removed in this tx
 	moves map[string]stateMove // machine ID → state before this tx / now
+	ref   map[refKey]refDelta  // key → holders added or removed in this tx (refindex.go)
 }
 
 // stateMove: a machine's state before the transaction ("" = absent) and at
@@ -100,7 +108,7 @@ type idxTx struct {
 type stateMove struct{ from, to MachineState }
 
 func newIdxTx(base *machineIndex) *idxTx {
-	return &idxTx{base: base, mac: map[string]string{}, moves: map[string]stateMove{}}
+	return &idxTx{base: base, mac: map[string]string{}, moves: map[string]stateMove{}, ref: map[refKey]refDelta{}}
 }
 
 // owner returns the ID of the machine owning mac, or "".
@@ -142,4 +150,5 @@ func (x *idxTx) commit() {
 			x.base.addState(mv.to, id)
 		}
 	}
+	x.commitRefs()
 }

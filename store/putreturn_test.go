@@ -18,6 +18,10 @@ func TestPutReturnsStoredRecord(t *testing.T) {
 	s, _ := openSingle(t, t.TempDir(), nil)
 	ctx := ctxT(t)
 	w := store.W{Actor: "test", Reason: "intake", Message: "m"}
+	// The claim below must name a stored image (PutMachine's claim rule).
+	if _, err := s.PutImage(ctx, store.Image{Meta: store.Meta{ID: "img-1"}, Name: "os", Format: "raw"}, w); err != nil {
+		t.Fatal(err)
+	}
 	zone := time.FixedZone("X", 5*3600+1800)
 	netboot := false
 	rich := store.Machine{Name: "n1", Site: "s", Rack: "r", RackUnit: 7,

@@ -148,7 +148,13 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 		Output: &slogWriter{log: log.With("sub", "raft")}, DisableTime: true})
 
 	raftPath := filepath.Join(cfg.DataDir, RaftDBFile)
-	if err := checkBolt(raftPath); err != nil {
+	// Check the files against each other before anything is created or
+	// replaced: a refused directory is left exactly as it was.
+	dirState, err := readDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := dirState.check(); err != nil {
 		return nil, err
 	}
 	logDB, err := raftboltdb.New(raftboltdb.Options{Path: raftPath, BoltOptions: &bbolt.Options{Timeout: boltTimeout}})
@@ -160,7 +166,7 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("store: snapshot store in %s: %w", cfg.DataDir, err)
 	}
-	if s.fsm, err = openFSM(filepath.Join(cfg.DataDir, FSMDBFile), log); err != nil {
+	if s.fsm, err = newFSM(filepath.Join(cfg.DataDir, FSMDBFile), log); err != nil {
 		return nil, err
 	}
 	s.m = newMetrics()
@@ -402,9 +408,11 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 }
 
 // Ready reports whether the node can serve current reads: a leader is
-// known, and the local FSM has applied at least the raft commit index that
-// this node saw at the first moment (since Open) a leader was known. Once
-// true it stays true while a leader is known; with no leader it is false.
+// known, and the local FSM has applied every entry up to the raft commit
+// index that this node saw at the first moment (since Open) a leader was
+// known (entries the FSM never sees, no-ops and barriers, count as applied
+// once raft has dispatched them: fsmCaughtUp). Once true it stays true
+// while a leader is known; with no leader it is false.
 func (s *Store) Ready() bool {
 	if id, _ := s.Leader(); id == "" {
 		return false
@@ -420,11 +428,41 @@ func (s *Store) Ready() bool {
 			return false
 		}
 	}
-	if s.fsm.applied.Load() >= s.readyTarget {
+	if s.fsm.applied.Load() >= s.readyTarget || s.fsmCaughtUp(s.readyTarget) {
 		s.ready = true
 	}
 	return s.ready
 }
+
+// fsmCaughtUp reports whether the FSM has applied every entry it will ever
+// be given at or below idx, when its applied index is below idx: raft has
+// dispatched everything up to idx (AppliedIndex) and every entry after the
+// FSM's applied index is one raft never hands to the FSM — a no-op (a new
+// leader's first entry) or a barrier (a consistent read): hashicorp/raft
+// prepareLog and runFSM's shouldSend pass only LogCommand and
+// LogConfiguration. Raft's commit index counts those entries, so without
+// this a follower restarted after a failover or a consistent read stayed
+// not Ready until the next write.
+func (s *Store) fsmCaughtUp(idx uint64) bool {
+	applied := s.fsm.applied.Load()
+	if s.raft.AppliedIndex() < idx || idx-applied > maxReadyGap {
+		return false
+	}
+	var l raft.Log
+	for i := applied + 1; i <= idx; i++ {
+		if err := s.logDB.GetLog(i, &l); err != nil {
+			return false
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return false
+		}
+	}
+	return true
+}
+
+// maxReadyGap bounds the log entries fsmCaughtUp reads (entries the FSM does
+// not see between two commands; more than this and Ready waits for a write).
+const maxReadyGap = 4096
 
 // Stats returns raft's statistics (raft.Raft.Stats: state, term,
 // last_log_index, commit_index, applied_index, last_snapshot_index, ...)

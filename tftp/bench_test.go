@@ -13,6 +13,7 @@ import (
 
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
 
+	"kiln/deploy/lab/benchline"
 	"kiln/deploy/lab/testkit"
 )
 
@@ -20,10 +21,7 @@ import (
 // (curl, blksize 1468) from a network namespace, against Kiln and against
 // dnsmasq's TFTP server on the same veth link, in the same run.
 func TestBenchBoot(t *testing.T) {
-	if os.Getenv("KILN_BENCH") != "1" {
-		t.Skip("benchmark: set KILN_BENCH=1")
-	}
-	testkit.NeedRoot(t, "network namespaces", "ip", "curl", "dnsmasq")
+	benchline.Need(t, true, "ip", "curl", "dnsmasq")
 	const clients = 200
 	l := testkit.NewLink(t, "kbt-t", netip.MustParsePrefix("10.72.3.0/24"), 1500)
 	peerIP := "10.72.3.3"
@@ -71,5 +69,5 @@ func TestBenchBoot(t *testing.T) {
 			peer = p
 		}
 	}
-	fmt.Printf("bench: tftp_200_parallel_seconds kiln=%.3f peer=%.3f unit=seconds ratio=%.3f\n", kiln, peer, kiln/peer)
+	benchline.Print(t, benchline.Line{Name: "tftp_200_parallel_seconds", Unit: "s", Kiln: kiln, Peer: &benchline.Peer{What: "dnsmasq-tftp", Value: peer}})
 }

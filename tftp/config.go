@@ -17,7 +17,8 @@ const (
 	DefaultMaxTransfers = 256
 	// DefaultTimeout is the wait for one ACK before a DATA packet is resent.
 	DefaultTimeout = 2 * time.Second
-	// DefaultRetries is the number of sends of one packet before giving up.
+	// DefaultRetries is the number of resends of one unacknowledged packet
+	// before the transfer is given up (so 1 + 5 sends, 2 s apart).
 	DefaultRetries = 5
 
 	// MinBlockSize is RFC 1350's fixed block size, the RFC 2348 floor that a
@@ -36,17 +37,20 @@ type Config struct {
 	// (e.g. site-specific iPXE builds). Empty: only the embedded iPXE binaries.
 	Root string `yaml:"root"`
 	// MaxBlockSize caps the negotiated blksize in octets (RFC 2348). It is
-	// further clamped per request to the receiving link's MTU − 28 (IP + UDP)
-	// by pin/tftp. Without AllowLargeBlocks it may not exceed 1468.
+	// further clamped per request to the receiving link's MTU − 32 (IPv4 +
+	// UDP + TFTP header; − 52 on IPv6). Without AllowLargeBlocks it may not
+	// exceed 1468.
 	MaxBlockSize int `yaml:"max_block_size"`
 	// AllowLargeBlocks allows MaxBlockSize above 1468 (jumbo-frame links);
 	// such blocks fragment on a 1500-byte link, which some firmware mishandles.
 	AllowLargeBlocks bool `yaml:"allow_large_blocks"`
-	// MaxTransfers bounds concurrent transfers; one more gets ERROR "server busy".
+	// MaxTransfers bounds concurrent transfers; one more gets ERROR 0 "server busy".
 	MaxTransfers int `yaml:"max_transfers"`
 	// Timeout is the wait for one ACK before a resend.
 	Timeout time.Duration `yaml:"timeout"`
-	// Retries is the number of sends of one packet before the transfer fails.
+	// Retries is the number of resends of one unacknowledged packet (after
+	// the first send, each Timeout apart) before the transfer fails and the
+	// client is sent ERROR 0 "timed out".
 	Retries int `yaml:"retries"`
 }
 

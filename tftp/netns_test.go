@@ -15,6 +15,7 @@ import (
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
 
 	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // This file's tests run real TFTP clients (atftp, tftp-hpa, curl) inside a
@@ -31,7 +32,7 @@ var (
 )
 
 func TestRealClients(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip", "atftp", "tftp", "curl")
+	testreq.Root(t, "network namespaces", "ip", "atftp", "tftp", "curl")
 	l := testkit.NewLink(t, "kbt-t", netip.MustParsePrefix("10.72.1.0/24"), 1500)
 	root := rootWithEscape(t)
 	s, _ := startServer(t, Config{Root: root}, l.HostIP+":0")
@@ -87,7 +88,19 @@ func TestRealClients(t *testing.T) {
 		}
 	})
 	t.Run("traversal refused", func(t *testing.T) {
-		for _, name := range []string{"../secret", "escape", "/etc/passwd", "sub/../../secret"} {
+		// curl exits 68 (CURLE_TFTP_NOTFOUND) on ERROR 1 and 69
+		// (CURLE_TFTP_PERM) on ERROR 2; tftp-hpa prints code and text.
+		for _, tc := range []struct {
+			name, hpa string
+			curl      int
+		}{
+			{"../secret", "Error code 2: access violation", 69},
+			{"escape", "Error code 2: access violation", 69},
+			{"sub/../../secret", "Error code 2: access violation", 69},
+			{"/../secret", "Error code 2: access violation", 69},
+			{"/etc/passwd", "Error code 1: file not found", 68}, // root-relative: <root>/etc/passwd
+		} {
+			name := tc.name
 			dst := "trav-" + strings.NewReplacer("/", "_", ".", "_").Replace(name)
 			outs := []string{}
 			out, err := l.Exec(clientTimeout, dir, "atftp", "-g", "-r", name, "-l", dst+"-a", l.HostIP, p)
@@ -97,14 +110,13 @@ func TestRealClients(t *testing.T) {
 			}
 			out, err = l.Exec(clientTimeout, dir, "curl", "-sS", "--path-as-is", "-o", dst+"-c", "tftp://"+l.HostIP+":"+p+"/"+name)
 			outs = append(outs, out)
-			// curl exits 68 (CURLE_TFTP_NOTFOUND) on a TFTP ERROR packet.
-			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 68 {
-				t.Errorf("curl %q: want exit 68 (TFTP error), got %v", name, err)
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != tc.curl {
+				t.Errorf("curl %q: want exit %d, got %v", name, tc.curl, err)
 			}
 			out, _ = l.Exec(clientTimeout, dir, "tftp", "-m", "binary", l.HostIP, p, "-c", "get", name, dst+"-h")
 			outs = append(outs, out)
-			if !strings.Contains(strings.ToLower(out), "error") {
-				t.Errorf("tftp-hpa %q: no error: %q", name, out)
+			if strings.TrimSpace(out) != tc.hpa {
+				t.Errorf("tftp-hpa %q: %q, want %q", name, out, tc.hpa)
 			}
 			for _, f := range []string{dst + "-a", dst + "-c", dst + "-h"} {
 				if b, _ := os.ReadFile(filepath.Join(dir, f)); bytes.Contains(b, []byte("SECRET")) {
@@ -146,7 +158,7 @@ func TestRealClients(t *testing.T) {
 
 // Large blocks need the opt-in and a link that carries them (MTU 9000 here).
 func TestRealClientJumboOptIn(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces", "ip", "atftp")
+	testreq.Root(t, "network namespaces", "ip", "atftp")
 	l := testkit.NewLink(t, "kbt-t", netip.MustParsePrefix("10.72.4.0/24"), 9000)
 	s, _ := startServer(t, Config{MaxBlockSize: 8192, AllowLargeBlocks: true}, l.HostIP+":0")
 	dir := t.TempDir()

@@ -10,11 +10,16 @@ import (
 const MaxNameLen = 255
 
 // CleanName validates a file name from a read request (RFC 1350 §5: a
-// netascii string) and returns it unchanged when it is safe to look up
-// relative to the root. It refuses, wrapping ErrBadPath: empty names, names
-// longer than MaxNameLen, absolute names ("/x"), backslashes, NUL and other
-// control bytes, any ".." element, and names that path.Clean would change
-// ("a//b", "./a", "a/"). Symlinks are checked at open time by os.Root.
+// netascii string) and returns the name to look up relative to the root.
+//
+// Names are root-relative: leading slashes are dropped, so "/undionly.kpxe"
+// and "//undionly.kpxe" name the same file as "undionly.kpxe" (iPXE and
+// several firmwares send the leading slash). What is left must already be
+// clean. CleanName refuses, wrapping ErrBadPath: empty names (also "/"),
+// names longer than MaxNameLen, backslashes, NUL and other control bytes,
+// any ".." element ("../x", "/../x", "a/../b"), and names that path.Clean
+// would change ("a//b", "./a", "a/", "/./a"). Nothing is decoded: "%2e%2e"
+// is a literal name. Symlinks are checked at open time by os.Root.
 func CleanName(name string) (string, error) {
 	if name == "" || len(name) > MaxNameLen {
 		return "", fmt.Errorf("%w: length %d", ErrBadPath, len(name))
@@ -25,16 +30,17 @@ func CleanName(name string) (string, error) {
 			return "", fmt.Errorf("%w: byte 0x%02x", ErrBadPath, b)
 		}
 	}
-	if strings.HasPrefix(name, "/") {
-		return "", fmt.Errorf("%w: absolute", ErrBadPath)
+	rel := strings.TrimLeft(name, "/")
+	if rel == "" {
+		return "", fmt.Errorf("%w: no name after the leading slash", ErrBadPath)
 	}
-	for _, el := range strings.Split(name, "/") {
+	for _, el := range strings.Split(rel, "/") {
 		if el == ".." {
 			return "", fmt.Errorf("%w: parent element", ErrBadPath)
 		}
 	}
-	if path.Clean(name) != name {
+	if path.Clean(rel) != rel {
 		return "", fmt.Errorf("%w: not clean", ErrBadPath)
 	}
-	return name, nil
+	return rel, nil
 }

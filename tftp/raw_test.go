@@ -21,16 +21,6 @@ import (
 	"kiln/deploy/lab/testkit"
 )
 
-// TFTP opcodes (RFC 1350 §5, RFC 2347).
-const (
-	opRRQ   = 1
-	opWRQ   = 2
-	opDATA  = 3
-	opACK   = 4
-	opERROR = 5
-	opOACK  = 6
-)
-
 // startServer runs a Server on a fresh UDP socket bound to bind ("127.0.0.1:0" etc.).
 func startServer(t testing.TB, cfg Config, bind string) (*Server, *prometheus.Registry) {
 	t.Helper()
@@ -287,8 +277,8 @@ func TestMissingFileImmediateError(t *testing.T) {
 	if d := time.Since(start); d > 500*time.Millisecond {
 		t.Fatalf("error took %s", d)
 	}
-	if !bytes.Contains(p, []byte("not found")) {
-		t.Fatalf("error text %q", p[4:])
+	if string(p) != "\x00\x05\x00\x01file not found\x00" {
+		t.Fatalf("want ERROR 1 \"file not found\", got %q", p)
 	}
 	waitCounter(t, reg, "kiln_tftp_errors_total", 1, "class", "other", "reason", "not_found")
 }
@@ -318,19 +308,28 @@ func must(t testing.TB, err error) {
 func TestHostilePathsAndWRQRefused(t *testing.T) {
 	s, reg := startServer(t, Config{Root: rootWithEscape(t)}, "127.0.0.1:0")
 	addr := s.Addr().(*net.UDPAddr)
-	for _, name := range []string{"../secret", "sub/../../secret", "/etc/passwd", "sub\\hello.txt",
-		"escape", "abs-escape", "sub//hello.txt", "./sub/hello.txt", "sub/", "..", "sub/\x01"} {
+	// Escapes and unclean names: ERROR 2 "access violation", byte for byte.
+	for _, name := range []string{"../secret", "sub/../../secret", "/../secret", "//../secret", "sub\\hello.txt",
+		"\\secret", "..\\secret", "escape", "abs-escape", "sub//hello.txt", "./sub/hello.txt", "/./sub/hello.txt",
+		"sub/", "..", "/..", "/", "//", "sub/\x01"} {
 		t.Run(fmt.Sprintf("%q", name), func(t *testing.T) {
 			c := newRaw(t, addr)
 			c.send(rq(opRRQ, name, "octet"))
 			p, _ := c.recv(time.Second)
-			if op(p) != opERROR {
-				t.Fatalf("%q: want ERROR, got opcode %d", name, op(p))
-			}
-			if bytes.Contains(p, []byte("SECRET")) {
-				t.Fatal("secret leaked")
+			if string(p) != "\x00\x05\x00\x02access violation\x00" {
+				t.Fatalf("%q: want ERROR 2 \"access violation\", got %q", name, p)
 			}
 		})
+	}
+	// Root-relative names that name nothing, and a name that only looks
+	// encoded (TFTP names are not URL-decoded): ERROR 1.
+	for _, name := range []string{"/etc/passwd", "%2e%2e/secret", "%2e%2e%2fsecret", "sub/hello.txt/x"} {
+		c := newRaw(t, addr)
+		c.send(rq(opRRQ, name, "octet"))
+		p, _ := c.recv(time.Second)
+		if string(p) != "\x00\x05\x00\x01file not found\x00" {
+			t.Fatalf("%q: want ERROR 1 \"file not found\", got %q", name, p)
+		}
 	}
 	for _, name := range []string{"sub/hello.txt", "inside"} {
 		c := newRaw(t, addr)
@@ -343,8 +342,8 @@ func TestHostilePathsAndWRQRefused(t *testing.T) {
 	c := newRaw(t, addr)
 	c.send(rq(opWRQ, "upload.bin", "octet"))
 	p, _ := c.recv(time.Second)
-	if op(p) != opERROR {
-		t.Fatalf("WRQ: want ERROR, got opcode %d", op(p))
+	if string(p) != "\x00\x05\x00\x02access violation: read-only server\x00" {
+		t.Fatalf("WRQ: want ERROR 2 \"access violation: read-only server\", got %q", p)
 	}
 	if _, err := os.Stat(filepath.Join(s.cfg.Root, "upload.bin")); err == nil {
 		t.Fatal("WRQ created a file")
@@ -382,8 +381,8 @@ func TestConcurrentTransfersBounded(t *testing.T) {
 	c := newRaw(t, addr)
 	c.send(rq(opRRQ, "ipxe.efi", "octet"))
 	p, _ := c.recv(time.Second)
-	if op(p) != opERROR || !bytes.Contains(p, []byte("busy")) {
-		t.Fatalf("third transfer: want ERROR busy, got %q", p)
+	if string(p) != "\x00\x05\x00\x00server busy\x00" {
+		t.Fatalf("third transfer: want ERROR 0 \"server busy\", got %q", p)
 	}
 	waitCounter(t, reg, "kiln_tftp_errors_total", 1, "class", "other", "reason", "busy")
 	// Once the stalled ones time out, a slot frees up.

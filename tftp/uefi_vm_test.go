@@ -11,6 +11,7 @@ import (
 
 	"kiln/deploy/lab/qemuvm"
 	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // TestUEFIPXEFetchesIPXE boots OVMF with EDK2's own PXE client (NIC
@@ -19,7 +20,7 @@ import (
 // the test passes when the real firmware has fetched it — including its
 // tsize probe — and iPXE has started from it.
 func TestUEFIPXEFetchesIPXE(t *testing.T) {
-	testkit.NeedRoot(t, "network namespaces and a tap device", "ip", "qemu-system-x86_64", "dnsmasq")
+	testreq.Root(t, "network namespaces and a tap device", "ip", "qemu-system-x86_64", "dnsmasq")
 	dir := t.TempDir()
 	firmware := qemuvm.OVMF(t, filepath.Join(dir, "vars.fd"))
 

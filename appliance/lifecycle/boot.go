@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"regexp"
 	"strings"
 	"time"
@@ -58,14 +57,14 @@ var netbootStates = []store.MachineState{store.StateRegistered, store.StateDisco
 // the agent is stale (the machine really rebooted, or the agent died), a
 // new token is issued.
 //
-// Errors: ErrInvalid for a malformed MAC; ErrAgentActive (retry later);
+// Errors: ErrInvalid for a MAC store.ParseMachineMAC refuses (malformed,
+// group or all-zero); ErrAgentActive (retry later);
 // store errors (the token write needs the leader reachable).
 func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
-	hw, err := net.ParseMAC(strings.TrimSpace(mac))
-	if err != nil || len(hw) != 6 {
-		return Boot{}, fmt.Errorf("%w: mac %q", ErrInvalid, mac)
+	mac, err := store.ParseMachineMAC(mac)
+	if err != nil {
+		return Boot{}, fmt.Errorf("%w: mac %v", ErrInvalid, err)
 	}
-	mac = hw.String()
 	m, err := c.st.MachineByMAC(mac)
 	if errors.Is(err, store.ErrNotFound) {
 		if c.cfg.UnknownMachines != UnknownDiscover {

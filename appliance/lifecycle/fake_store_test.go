@@ -16,8 +16,10 @@ import (
 // ResourceVersion (ErrConflict), CanTransition enforced
 // (*IllegalTransitionError), creates only as registered/discovered, a MAC
 // index (ErrDuplicateMAC), all-or-nothing PutMachines, and the same events
-// (created / transition / updated / job / step...). Records are deep-copied
-// through JSON so callers never share memory with it.
+// (created / transition / updated / job / step...), a claim must name a
+// stored image (store.ErrInvalid) and a claimed image cannot be deleted
+// (store.ErrImageInUse). Records are deep-copied through JSON so callers
+// never share memory with it.
 type fakeStore struct {
 	mu       sync.Mutex
 	index    uint64
@@ -160,6 +162,11 @@ func (f *fakeStore) putMachineLocked(staged map[string]store.Machine, m store.Ma
 			return m, nil, &store.IllegalTransitionError{From: old.State, To: m.State}
 		}
 	}
+	if m.Claim != nil && (!exists || old.Claim == nil || old.Claim.Image != m.Claim.Image) {
+		if _, ok := f.images[m.Claim.Image]; !ok {
+			return m, nil, fmt.Errorf("%w: machine %s: claim.image: no image %q", store.ErrInvalid, m.ID, m.Claim.Image)
+		}
+	}
 	for _, mac := range macsOf(m) {
 		for id, o := range staged {
 			if id == m.ID {
@@ -231,6 +238,21 @@ func (f *fakeStore) PutMachines(_ context.Context, ms []store.Machine, w store.W
 		f.event(ev, i)
 	}
 	return out, nil
+}
+
+// ImportMachines is PutMachines of new machines only. The uniqueness of
+// names, serials and BMC MACs across records (*store.ImportConflictError)
+// is the real store's rule and is tested against it, not re-implemented.
+func (f *fakeStore) ImportMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error) {
+	f.mu.Lock()
+	for i, m := range ms {
+		if _, ok := f.machines[m.ID]; (ok && m.ID != "") || m.ResourceVersion != 0 {
+			f.mu.Unlock()
+			return nil, fmt.Errorf("%w: machine %d: %s exists", store.ErrConflict, i, m.ID)
+		}
+	}
+	f.mu.Unlock()
+	return f.PutMachines(ctx, ms, w)
 }
 
 // seed writes m as-is (any state), bypassing the FSM: test setup only.
@@ -315,6 +337,11 @@ func (f *fakeStore) DeleteImage(_ context.Context, id string, w store.W) error {
 	defer f.mu.Unlock()
 	if _, ok := f.images[id]; !ok {
 		return fmt.Errorf("%w: image %s", store.ErrNotFound, id)
+	}
+	for _, m := range f.machines {
+		if m.Claim != nil && m.Claim.Image == id {
+			return fmt.Errorf("%w: image %s is claimed by machine %s", store.ErrImageInUse, id, m.ID)
+		}
 	}
 	f.index++
 	delete(f.images, id)

@@ -33,8 +33,6 @@ var (
 	ErrMachineMismatch = errors.New("lifecycle: agent message names another machine")
 	// ErrBadReport: an agent report carries an unknown step, state or reason.
 	ErrBadReport = errors.New("lifecycle: malformed agent report")
-	// ErrImageInUse: the image is named by a claim of a machine.
-	ErrImageInUse = errors.New("lifecycle: image is used by a machine claim")
 	// ErrNoSealer: EnrollBMC needs Config.Sealer.
 	ErrNoSealer = errors.New("lifecycle: no credential sealer configured")
 	// ErrNoCatalog: UploadImage needs Config.Catalog.
@@ -60,15 +58,24 @@ var (
 )
 
 // StateError is returned (wrapping ErrWrongState) when an operation does
-// not apply to the machine's current state.
+// not apply to the machine's current state: State is not one of Want, or
+// (Claimed) State is wanted but the machine already carries a claim, whose
+// image is ClaimedImage; the message then says that, instead of
+// contrasting a state with itself.
 type StateError struct {
-	Op      string
-	Machine string
-	State   store.MachineState
-	Want    []store.MachineState
+	Op           string
+	Machine      string
+	State        store.MachineState
+	Want         []store.MachineState
+	Claimed      bool
+	ClaimedImage string
 }
 
 func (e *StateError) Error() string {
+	if e.Claimed {
+		return fmt.Sprintf("lifecycle: %s machine %s: it is %s but already claimed (image %s); release it first",
+			e.Op, e.Machine, e.State, e.ClaimedImage)
+	}
 	want := make([]string, len(e.Want))
 	for i, s := range e.Want {
 		want[i] = string(s)
@@ -88,6 +95,7 @@ type Store interface {
 	ListMachines(opt store.ListOptions) ([]store.Machine, string, error)
 	PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)
 	PutMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error)
+	ImportMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error)
 	GetBMC(id string) (store.BMC, error)
 	PutBMC(ctx context.Context, b store.BMC, w store.W) (store.BMC, error)
 	PutSecret(ctx context.Context, key string, sealed []byte, w store.W) error

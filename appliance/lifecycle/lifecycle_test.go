@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -244,7 +245,7 @@ func TestFastTrackFlow(t *testing.T) {
 	}
 
 	// Claim, then the waiting agent picks up the build.
-	if _, err := h.c.Provision(bg, a.ID, store.Claim{Image: "nope"}, store.W{Actor: "capi"}); !errors.Is(err, ErrInvalid) {
+	if _, err := h.c.Provision(bg, a.ID, store.Claim{Image: "nope"}, store.W{Actor: "capi"}); !errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("bad image: %v", err)
 	}
 	_, err = h.c.Provision(bg, a.ID, store.Claim{Image: img.ID, Role: "worker", Hostname: "w1.hall1", UserData: "#cloud-config\n",
@@ -683,7 +684,7 @@ func TestClaimMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Image in use cannot be deleted.
-	if err := h.c.DeleteImage(bg, img.ID, store.W{}); !errors.Is(err, ErrImageInUse) {
+	if err := h.c.DeleteImage(bg, img.ID, store.W{}); !errors.Is(err, store.ErrImageInUse) {
 		t.Fatalf("delete in use: %v", err)
 	}
 }
@@ -803,18 +804,95 @@ func TestConcurrentUploadSameName(t *testing.T) {
 	}
 }
 
-func TestImportRejectsMACInStore(t *testing.T) {
-	f := newFakeStore()
-	h := newHarness(t, f, nil)
-	importPlan(t, h)
-	before := len(f.allEvents())
-	_, err := h.c.Import(bg, strings.NewReader("name,macs\nnode-z,52:54:00:00:01:0A\n"), "csv", store.W{})
-	var rows *intake.ErrRows
-	if !errors.As(err, &rows) || len(rows.Rows) != 1 || rows.Rows[0].Line != 2 || rows.Rows[0].Field != "macs" {
-		t.Fatalf("want row error on line 2 macs, got %v", err)
+// TestImportChecksStoredRecords: against a real store holding the plan
+// (node-a: SN-A, NICs 52:54:00:00:00:0a and 52:54:00:00:01:0a, BMC MAC
+// 52:54:00:00:0b:0a), every row whose name, serial (any case), BMC MAC or NIC
+// MAC a stored machine or an earlier row holds is reported with its line and
+// column, and nothing is imported (issue 20: only rows of the same file were
+// compared).
+func TestImportChecksStoredRecords(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short: real store")
 	}
-	if len(f.allEvents()) != before {
-		t.Fatal("rejected import wrote")
+	s := openRealStore(t)
+	h := newHarness(t, s, nil)
+	plan := strings.Replace(planCSV, "name,serial,vendor,model,site,rack,u,bmc_address,macs,",
+		"name,serial,vendor,model,site,rack,u,bmc_address,bmc_mac,macs,", 1)
+	plan = strings.Replace(plan, "10.99.1.10,52:54", "10.99.1.10,52:54:00:00:0b:0a,52:54", 1)
+	plan = strings.Replace(plan, "10.99.1.11,52:54", "10.99.1.11,,52:54", 1)
+	res, err := h.c.Import(bg, strings.NewReader(plan), "csv", store.W{Actor: "alice"})
+	must(t, err)
+	a := h.get(res.IDs[0])
+	if a.Name != "node-a" || a.Intended.BMCMAC != "52:54:00:00:0b:0a" {
+		t.Fatalf("plan imported %+v", a)
+	}
+	evs, err := s.Events(0, 1<<20)
+	must(t, err)
+	before := len(evs)
+
+	file := `name,serial,bmc_mac,macs
+node-a,SN-NEW-1,,52:54:00:00:02:01
+node-n,sn-a,,52:54:00:00:02:02
+node-o,SN-O,52:54:00:00:01:0A,52:54:00:00:02:03
+node-p,SN-P,,52:54:00:00:0b:0a
+node-q,SN-Q,,52:54:00:00:02:05
+node-q,SN-R,,52:54:00:00:02:05
+node-s,SN-S,,52:54:00:00:02:07
+`
+	_, err = h.c.Import(bg, strings.NewReader(file), "csv", store.W{})
+	var rows *intake.ErrRows
+	if !errors.As(err, &rows) {
+		t.Fatalf("want *intake.ErrRows, got %v", err)
+	}
+	want := []intake.RowError{
+		{Line: 2, Field: "name", Msg: `name "node-a" already belongs to machine ` + a.ID + " (node-a)"},
+		{Line: 3, Field: "serial", Msg: `serial "sn-a" already belongs to machine ` + a.ID + " (node-a)"},
+		{Line: 4, Field: "bmc_mac", Msg: "mac 52:54:00:00:01:0a already belongs to machine " + a.ID + " (node-a)"},
+		{Line: 5, Field: "macs", Msg: "mac 52:54:00:00:0b:0a already belongs to machine " + a.ID + " (node-a)"},
+		{Line: 7, Field: "name", Msg: `name "node-q" already used on line 6`},
+		{Line: 7, Field: "macs", Msg: "mac 52:54:00:00:02:05 already used on line 6"},
+	}
+	if !reflect.DeepEqual(rows.Rows, want) {
+		t.Fatalf("rows\n got %+v\nwant %+v", rows.Rows, want)
+	}
+	evs, err = s.Events(0, 1<<20)
+	must(t, err)
+	if len(evs) != before {
+		t.Fatalf("a rejected import wrote %d events", len(evs)-before)
+	}
+	if ms, _, _ := s.ListMachines(store.ListOptions{}); len(ms) != 2 {
+		t.Fatalf("%d machines after a rejected import, want 2", len(ms))
+	}
+	// The clean row alone imports.
+	res, err = h.c.Import(bg, strings.NewReader("name,serial,macs\nnode-s,SN-S,52:54:00:00:02:07\n"), "csv", store.W{})
+	if err != nil || res.Created != 1 {
+		t.Fatalf("clean import: %+v %v", res, err)
+	}
+}
+
+// TestImport2000RowsOneStoredDuplicate: one duplicate serial among 2,000
+// rows, against a machine already stored, rejects the whole plan and names
+// its line.
+func TestImport2000RowsOneStoredDuplicate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short: real store")
+	}
+	s := openRealStore(t)
+	h := newHarness(t, s, nil)
+	_, err := h.c.Import(bg, strings.NewReader("name,serial,macs\nold,SN001234,02:00:00:99:00:01\n"), "csv", store.W{})
+	must(t, err)
+	var b strings.Builder
+	b.WriteString("name,serial,macs\n")
+	for i := 0; i < 2000; i++ {
+		fmt.Fprintf(&b, "n%05d,SN%06d,02:00:00:%02x:%02x:01\n", i, i, i>>8, i&0xff)
+	}
+	_, err = h.c.Import(bg, strings.NewReader(b.String()), "csv", store.W{})
+	var rows *intake.ErrRows
+	if !errors.As(err, &rows) || len(rows.Rows) != 1 || rows.Rows[0].Line != 1236 || rows.Rows[0].Field != "serial" {
+		t.Fatalf("want one serial conflict on line 1236, got %v", err)
+	}
+	if ms, _, _ := s.ListMachines(store.ListOptions{}); len(ms) != 1 {
+		t.Fatalf("%d machines stored, want 1", len(ms))
 	}
 }
 

@@ -17,32 +17,26 @@ import (
 )
 
 // Import parses r (format csv|json|netbox, see package intake) and creates
-// every row as a registered machine in one all-or-nothing store command.
-// A MAC already recorded on a stored machine is a bad row. Errors:
-// *intake.ErrRows (line and field of every bad row; nothing imported),
-// intake.ErrFormat, intake.ErrEmpty, store errors.
+// every row as a registered machine in one all-or-nothing store command
+// (store.ImportMachines, create only). A row whose name, serial, BMC MAC or
+// NIC MAC is held by a stored machine or by an earlier row is a bad row,
+// decided inside the store's raft apply so that concurrent imports cannot
+// both take a value. Errors: *intake.ErrRows (line and field of every bad
+// row; nothing imported), intake.ErrFormat, intake.ErrEmpty, store errors.
 func (c *Controller) Import(ctx context.Context, r io.Reader, format string, w store.W) (intake.Result, error) {
 	rows, err := intake.ParseRows(r, format)
 	if err != nil {
 		return intake.Result{}, err
 	}
-	var bad []intake.RowError
 	ms := make([]store.Machine, len(rows))
 	for i, row := range rows {
-		for _, n := range row.Machine.Intended.NICs {
-			if other, err := c.st.MachineByMAC(n.MAC); err == nil {
-				bad = append(bad, intake.RowError{Line: row.Line, Field: "macs",
-					Msg: fmt.Sprintf("mac %s already belongs to machine %s (%s)", n.MAC, other.ID, other.Name)})
-			} else if !errors.Is(err, store.ErrNotFound) {
-				return intake.Result{}, fmt.Errorf("lifecycle: import: look up %s: %w", n.MAC, err)
-			}
-		}
 		ms[i] = row.Machine
 	}
-	if len(bad) > 0 {
-		return intake.Result{}, &intake.ErrRows{Rows: bad}
+	out, err := c.st.ImportMachines(ctx, ms, withDefaults(w, "imported"))
+	var ice *store.ImportConflictError
+	if errors.As(err, &ice) {
+		return intake.Result{}, conflictRows(rows, ice.Conflicts)
 	}
-	out, err := c.st.PutMachines(ctx, ms, withDefaults(w, "imported"))
 	if err != nil {
 		return intake.Result{}, fmt.Errorf("lifecycle: import %d machines: %w", len(ms), err)
 	}
@@ -53,16 +47,37 @@ func (c *Controller) Import(ctx context.Context, r io.Reader, format string, w s
 	return res, nil
 }
 
-// checkClaim validates a claim and that its image exists.
+// conflictRows turns the store's import conflicts into bad rows with the
+// file's lines and columns.
+func conflictRows(rows []intake.Row, cs []store.Conflict) *intake.ErrRows {
+	bad := make([]intake.RowError, 0, len(cs))
+	for _, cf := range cs {
+		line := 0
+		if cf.Index >= 0 && cf.Index < len(rows) {
+			line = rows[cf.Index].Line
+		}
+		what := fmt.Sprintf("%s %q", cf.Field, cf.Value)
+		if cf.Field == "macs" || cf.Field == "bmc_mac" {
+			what = "mac " + cf.Value
+		}
+		msg := what + " already belongs to machine " + cf.Holder
+		if cf.HolderName != "" {
+			msg += " (" + cf.HolderName + ")"
+		}
+		if cf.Holder == "" && cf.HolderIndex >= 0 && cf.HolderIndex < len(rows) {
+			msg = fmt.Sprintf("%s already used on line %d", what, rows[cf.HolderIndex].Line)
+		}
+		bad = append(bad, intake.RowError{Line: line, Field: cf.Field, Msg: msg})
+	}
+	return &intake.ErrRows{Rows: bad}
+}
+
+// checkClaim validates a claim's fields. That its image exists is the
+// store's rule, checked when the claim is written (store.PutMachine), so
+// that a concurrent DeleteImage cannot slip in between.
 func (c *Controller) checkClaim(cl store.Claim) error {
 	if cl.Image == "" {
 		return fmt.Errorf("%w: claim.image is required", ErrInvalid)
-	}
-	if _, err := c.st.GetImage(cl.Image); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("%w: claim.image: no image %q", ErrInvalid, cl.Image)
-		}
-		return err
 	}
 	if cl.Hostname != "" {
 		if err := rules.CheckHostname(cl.Hostname); err != nil {
@@ -76,7 +91,8 @@ func (c *Controller) checkClaim(cl store.Claim) error {
 // the gated build, see AgentTask). When the machine's agent has not been
 // heard from recently and the machine has a BMC, it is PXE-booted
 // (boot_pxe, power_cycle jobs). Errors: ErrInvalid (claim), *StateError
-// (not available, or already claimed), store errors.
+// (not available, or already claimed), store.ErrInvalid (claim.image names
+// no stored image), store errors.
 func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w store.W) (store.Machine, error) {
 	if err := c.checkClaim(cl); err != nil {
 		return store.Machine{}, err
@@ -87,7 +103,8 @@ func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w
 			return &StateError{Op: "provision", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable}}
 		}
 		if m.Claim != nil {
-			return &StateError{Op: "provision (already claimed)", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable}}
+			return &StateError{Op: "provision", Machine: id, State: m.State, Want: []store.MachineState{store.StateAvailable},
+				Claimed: true, ClaimedImage: m.Claim.Image}
 		}
 		claim := cl
 		m.Claim = &claim
@@ -264,7 +281,7 @@ func (c *Controller) Inspect(ctx context.Context, id string, w store.W) (store.M
 			return &StateError{Op: "inspect", Machine: id, State: m.State, Want: from}
 		}
 		if m.Claim != nil && m.State == store.StateAvailable {
-			return &StateError{Op: "inspect (claimed; release first)", Machine: id, State: m.State, Want: from}
+			return &StateError{Op: "inspect", Machine: id, State: m.State, Want: from, Claimed: true, ClaimedImage: m.Claim.Image}
 		}
 		m.State = store.StateInspecting
 		m.Reason, m.Message = w.Reason, w.Message
@@ -511,24 +528,15 @@ func (c *Controller) claimUpload(keys []string) (release func(), ok bool) {
 	}, true
 }
 
-// DeleteImage deletes image id unless an available or provisioning
-// machine's claim names it (ErrImageInUse); the catalog file is removed
-// when the Catalog supports Delete. Errors: ErrImageInUse, store errors.
+// DeleteImage deletes image id unless a machine's claim names it
+// (store.ErrImageInUse, decided inside the store's raft apply, so a
+// concurrent Provision or ClaimMachines of that image cannot both succeed
+// with it); the catalog file is removed when the Catalog supports Delete.
+// Errors: store.ErrImageInUse, store.ErrNotFound, store errors.
 func (c *Controller) DeleteImage(ctx context.Context, id string, w store.W) error {
 	img, err := c.st.GetImage(id)
 	if err != nil {
 		return fmt.Errorf("lifecycle: delete image %s: %w", id, err)
-	}
-	for _, s := range []store.MachineState{store.StateAvailable, store.StateProvisioning} {
-		ms, err := c.listAll(store.ListOptions{State: s})
-		if err != nil {
-			return err
-		}
-		for _, m := range ms {
-			if m.Claim != nil && m.Claim.Image == id {
-				return fmt.Errorf("%w: image %s is claimed by machine %s (%s)", ErrImageInUse, id, m.ID, m.State)
-			}
-		}
 	}
 	if err := c.st.DeleteImage(ctx, id, withDefaults(w, "image_deleted")); err != nil {
 		return fmt.Errorf("lifecycle: delete image %s: %w", id, err)

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"kiln/deploy/lab/testreq"
+	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 func TestParseCmdline(t *testing.T) {
@@ -18,14 +20,38 @@ func TestParseCmdline(t *testing.T) {
 	}
 }
 
+// FuzzParseCmdline: the kernel command line (Documentation/admin-guide/kernel-parameters:
+// space-separated "name" or "name=value"; a later occurrence of a name replaces an earlier
+// one here). Every field appears in the map under the text before its first '=' with the
+// text after it; keys and values hold no white space; the map written back as a command
+// line parses to the same map.
 func FuzzParseCmdline(f *testing.F) {
 	f.Add("kiln.url=http://x kiln.machine=y")
 	f.Add("")
+	f.Add("a=b=c a=d \t=x quiet")
 	f.Fuzz(func(t *testing.T, s string) {
-		for k := range parseCmdline(s) {
-			if strings.ContainsAny(k, " \t\n") {
-				t.Fatalf("key %q has whitespace", k)
+		m := parseCmdline(s)
+		fields := strings.Fields(s)
+		seen := map[string]bool{}
+		for i := len(fields) - 1; i >= 0; i-- { // the last occurrence wins
+			k, v, _ := strings.Cut(fields[i], "=")
+			if !seen[k] && m[k] != v {
+				t.Fatalf("%q: field %q gives %q=%q, map has %q", s, fields[i], k, v, m[k])
 			}
+			seen[k] = true
+		}
+		if len(m) != len(seen) {
+			t.Fatalf("%q: %d keys, %d distinct names", s, len(m), len(seen))
+		}
+		var b strings.Builder
+		for k, v := range m {
+			if strings.ContainsFunc(k+v, unicode.IsSpace) || strings.Contains(k, "=") {
+				t.Fatalf("%q: key %q value %q", s, k, v)
+			}
+			b.WriteString(k + "=" + v + " ")
+		}
+		if again := parseCmdline(b.String()); !maps.Equal(again, m) {
+			t.Fatalf("%q: %v written back as %q parses to %v", s, m, b.String(), again)
 		}
 	})
 }
@@ -36,20 +62,9 @@ func TestEnvBuildReproducible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("env build skipped in -short mode")
 	}
-	root, _ := filepath.Abs("../..")
-	for _, b := range []string{"apt-cache", "dpkg", "cpio", "gzip", "/bin/busybox", "/sbin/modinfo"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s", b)
-		}
-	}
 	var digests []string
 	for i := 0; i < 2; i++ {
-		out := t.TempDir()
-		cmd := exec.Command(filepath.Join(root, "deploy/env/build.sh"))
-		cmd.Env = append(os.Environ(), "KILN_ENV_OUT="+out)
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Skipf("build.sh failed (no apt access to fetch the kernel?): %v\n%s", err, b)
-		}
+		out := testreq.BuildEnv(t) // a failing build fails the test
 		d, err := os.ReadFile(filepath.Join(out, "DIGESTS"))
 		if err != nil {
 			t.Fatal(err)

@@ -35,48 +35,92 @@ func freePorts(t *testing.T, n int) []int {
 	return ports
 }
 
+// served is one running `kiln serve` process.
 type served struct {
 	cmd   *exec.Cmd
 	api   string
 	token string
-	log   *bytes.Buffer
+	log   *lockedBuffer
 }
 
-func buildKiln(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kiln")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+// lockedBuffer collects a process's output; it is read while the process
+// runs (failure messages), so writes and reads are serialised.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+var kilnBin struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// TestMain removes the kiln binary the tests built (kilnBinary).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kilnBin.dir != "" {
+		os.RemoveAll(kilnBin.dir)
 	}
-	return bin
+	os.Exit(code)
+}
+
+// kilnBinary builds this command once per test process and returns the
+// binary's path.
+func kilnBinary(t *testing.T) string {
+	t.Helper()
+	kilnBin.once.Do(func() {
+		if kilnBin.dir, kilnBin.err = os.MkdirTemp("", "kiln-test-bin-"); kilnBin.err != nil {
+			return
+		}
+		kilnBin.path = filepath.Join(kilnBin.dir, "kiln")
+		if out, err := exec.Command("go", "build", "-o", kilnBin.path, ".").CombinedOutput(); err != nil {
+			kilnBin.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if kilnBin.err != nil {
+		t.Fatal(kilnBin.err)
+	}
+	return kilnBin.path
 }
 
 // serveNode is one `kiln serve` node's files: the binary, its kiln.yaml and
-// data directory, and the API address (127.0.0.1:PORT) in that config.
+// data directory, and the addresses (127.0.0.1:PORT) in that config.
 type serveNode struct {
-	bin, cfg, data, apiAddr string
+	id, bin, cfg, data     string
+	apiAddr, raftAddr, fwd string
 }
 
-// newServeNode builds kiln and writes a one-node config (node ID nodeID, free
-// 127.0.0.1 ports for the API, raft, raft forwarding and HTTP boot; the raft
-// cluster bootstrapped when bootstrap) in a temp dir. It skips in -short.
-func newServeNode(t *testing.T, nodeID string, bootstrap bool) *serveNode {
+// newServeNode writes a node's config in a temp dir: node ID nodeID, free
+// 127.0.0.1 ports for the API, raft, raft forwarding and HTTP boot. With
+// join empty the node bootstraps a one-node cluster on an empty data dir;
+// with join (members' forward addresses) it sets raft.bootstrap: false and
+// raft.join, as a further node of a site cluster. It skips in -short.
+func newServeNode(t *testing.T, nodeID string, join []string) *serveNode {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the kiln binary")
 	}
-	bin := buildKiln(t)
 	dir := t.TempDir()
-	n := &serveNode{bin: bin, cfg: filepath.Join(dir, "kiln.yaml"), data: filepath.Join(dir, "data")}
+	n := &serveNode{id: nodeID, bin: kilnBinary(t), cfg: filepath.Join(dir, "kiln.yaml"), data: filepath.Join(dir, "data")}
 	p := freePorts(t, 4)
 	n.apiAddr = fmt.Sprintf("127.0.0.1:%d", p[0])
-	boot := ""
-	if bootstrap {
-		boot = "  bootstrap: true\n"
+	n.raftAddr = fmt.Sprintf("127.0.0.1:%d", p[1])
+	n.fwd = fmt.Sprintf("127.0.0.1:%d", p[2])
+	raft := "  bootstrap: true\n"
+	if len(join) > 0 {
+		raft = fmt.Sprintf("  bootstrap: false\n  join: [\"%s\"]\n", strings.Join(join, `", "`))
 	}
-	body := fmt.Sprintf("node_id: %s\ndata_dir: %s\napi:\n  addr: %s\nraft:\n  addr: 127.0.0.1:%d\n  forward_addr: 127.0.0.1:%d\n%sboot:\n  http_addr: 127.0.0.1:%d\n",
-		nodeID, n.data, n.apiAddr, p[1], p[2], boot, p[3])
+	body := fmt.Sprintf("node_id: %s\ndata_dir: %s\napi:\n  addr: %s\nraft:\n  addr: %s\n  forward_addr: %s\n%sboot:\n  http_addr: 127.0.0.1:%d\n",
+		nodeID, n.data, n.apiAddr, n.raftAddr, n.fwd, raft, p[3])
 	if err := os.WriteFile(n.cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -89,9 +133,15 @@ func (n *serveNode) start(t *testing.T) *served {
 	return startServe(t, n.bin, n.cfg, n.data, n.apiAddr)
 }
 
+// startServe runs `kiln serve --config cfg` and waits up to 30 s for its
+// /readyz to answer 200, then reads its admin token from dataDir.
+// serveReadyWithin bounds the wait for /readyz: generous, since CI runs these
+// tests on 2 loaded cores under -race.
+const serveReadyWithin = 60 * time.Second
+
 func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *served {
 	t.Helper()
-	s := &served{api: "http://" + apiAddr, log: &bytes.Buffer{}}
+	s := &served{api: "http://" + apiAddr, log: &lockedBuffer{}}
 	s.cmd = exec.Command(bin, "serve", "--config", cfg)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
@@ -103,7 +153,7 @@ func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *
 			_ = s.cmd.Wait()
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(serveReadyWithin)
 	for time.Now().Before(deadline) {
 		resp, err := http.Get(s.api + "/readyz")
 		if err == nil {
@@ -119,8 +169,26 @@ func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("kiln serve not ready in 20 s:\n%s", s.log)
+	// Not ready: say what the node thinks (its raft view) before the log.
+	status := ""
+	if tok, err := os.ReadFile(filepath.Join(dataDir, "admin.token")); err == nil {
+		s.token = strings.TrimSpace(string(tok))
+		var st map[string]any
+		if _, err := s.do("GET", "/v1/site/status", nil, &st); err == nil {
+			status = fmt.Sprint(st["raft"])
+		}
+	}
+	t.Fatalf("kiln serve not ready in %s (raft: %s):\n%s", serveReadyWithin, status, s.log)
 	return nil
+}
+
+// kill ends the process with SIGKILL (no shutdown code runs) and reaps it.
+func (s *served) kill(t *testing.T) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.cmd.Wait()
 }
 
 func (s *served) do(method, path string, body any, out any) (int, error) {
@@ -152,7 +220,7 @@ func (s *served) do(method, path string, body any, out any) (int, error) {
 // four writers stream machine creations through the API, restarts it on the
 // same data directory and requires every acknowledged (201) write to be there.
 func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
-	n := newServeNode(t, "crash-1", true)
+	n := newServeNode(t, "crash-1", nil)
 	s := n.start(t)
 
 	var mu sync.Mutex
@@ -203,10 +271,7 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = s.cmd.Wait()
+	s.kill(t)
 	close(stop)
 	wg.Wait()
 	if len(acked) < 20 {
@@ -233,7 +298,7 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 // TestServeCorruptDataFileNamesIt: a garbled FSM file stops start-up with an
 // error naming the file, and the file is left as it was (no silent reset).
 func TestServeCorruptDataFileNamesIt(t *testing.T) {
-	n := newServeNode(t, "c-1", false)
+	n := newServeNode(t, "c-1", nil)
 	s := n.start(t)
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	_ = s.cmd.Wait()

@@ -18,11 +18,15 @@
 //
 // Every bad row is reported with its line and field in *ErrRows; a file with
 // any bad row yields no machines ("a file with any bad row imports nothing").
-// MACs are normalised to lower-case colon form; a MAC, serial or name used
-// twice within a file is an error on the later row.
 //
 // Every field is checked by the domain's one set of field rules (package
 // kiln/appliance/lifecycle/rules: names, free text, labels, host names, BMC
 // addresses), the same functions the REST API and the lifecycle controller
 // apply, so a value an import accepts is one every later request accepts.
+//
+// MACs follow store.ParseMachineMAC (EUI-48, unicast, not all zeros) and are
+// normalised to lower-case colon form. The checks here are per row; that a
+// name, serial or MAC is used by one machine only — within the file and
+// against stored machines — is decided by the store when the rows are
+// written (store.ImportMachines), which the lifecycle maps back to lines.
 package intake

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/netip"
 	"regexp"
 	"sort"
@@ -69,9 +68,10 @@ func Parse(r io.Reader, format string) ([]store.Machine, error) {
 	return out, nil
 }
 
-// ParseRows is Parse keeping each machine's line, so that callers checking
-// rows against existing records (duplicate MACs in the store) can report
-// *ErrRows with lines too.
+// ParseRows is Parse keeping each machine's line, so that the caller that
+// checks rows against each other and against stored records (names,
+// serials and MACs are unique across machines: store.ImportMachines) can
+// report *ErrRows with lines too.
 func ParseRows(r io.Reader, format string) ([]Row, error) {
 	var raws []rawRow
 	var errs []RowError
@@ -96,45 +96,11 @@ func ParseRows(r io.Reader, format string) ([]Row, error) {
 		return nil, ErrEmpty
 	}
 	rows := make([]Row, 0, len(raws))
-	seenMAC := map[string]int{}
-	seenSerial := map[string]int{}
-	seenName := map[string]int{}
 	for _, raw := range raws {
 		m, rerrs := raw.machine()
 		errs = append(errs, rerrs...)
 		if len(rerrs) > 0 {
 			continue
-		}
-		if prev, ok := seenName[m.Name]; ok && m.Name != "" {
-			errs = append(errs, RowError{raw.line, "name", fmt.Sprintf("name %q already used on line %d", m.Name, prev)})
-		} else if m.Name != "" {
-			seenName[m.Name] = raw.line
-		}
-		if s := strings.ToUpper(m.Intended.Serial); s != "" {
-			if prev, ok := seenSerial[s]; ok {
-				errs = append(errs, RowError{raw.line, "serial", fmt.Sprintf("serial %q already used on line %d", m.Intended.Serial, prev)})
-			} else {
-				seenSerial[s] = raw.line
-			}
-		}
-		macs := make([]string, 0, len(m.Intended.NICs)+1)
-		for _, n := range m.Intended.NICs {
-			macs = append(macs, n.MAC)
-		}
-		field := map[string]string{}
-		for _, mac := range macs {
-			field[mac] = "macs"
-		}
-		if m.Intended.BMCMAC != "" {
-			macs = append(macs, m.Intended.BMCMAC)
-			field[m.Intended.BMCMAC] = "bmc_mac"
-		}
-		for _, mac := range macs {
-			if prev, ok := seenMAC[mac]; ok && prev != raw.line {
-				errs = append(errs, RowError{raw.line, field[mac], fmt.Sprintf("mac %s already used on line %d", mac, prev)})
-			} else {
-				seenMAC[mac] = raw.line
-			}
 		}
 		rows = append(rows, Row{Line: raw.line, Machine: m})
 	}
@@ -456,7 +422,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		}
 	}
 	if v := raw.vals["bmc_mac"]; v != "" {
-		mac, err := normMAC(v)
+		mac, err := store.ParseMachineMAC(v)
 		if err != nil {
 			bad("bmc_mac", "%v", err)
 		}
@@ -472,7 +438,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		if s == "" {
 			continue
 		}
-		mac, err := normMAC(s)
+		mac, err := store.ParseMachineMAC(s)
 		if err != nil {
 			bad("macs", "%v", err)
 			continue
@@ -499,8 +465,8 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	}
 	if v := raw.vals["memory_gib"]; v != "" {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || !(f > 0) || f > maxMemoryGiB {
-			bad("memory_gib", "%q: want a number of GiB > 0", v)
+		if err != nil || !(f*(1<<30) >= 1) || f > maxMemoryGiB {
+			bad("memory_gib", "%q: want a number of GiB of at least one byte", v)
 		} else {
 			m.Intended.MemoryBytes = uint64(f * (1 << 30))
 		}
@@ -580,16 +546,6 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	return m, errs
 }
 
-// normMAC parses an EUI-48 MAC in any form net.ParseMAC accepts and returns
-// it lower-case with colons.
-func normMAC(s string) (string, error) {
-	hw, err := net.ParseMAC(strings.TrimSpace(s))
-	if err != nil || len(hw) != 6 {
-		return "", fmt.Errorf("%q: not an EUI-48 MAC address", s)
-	}
-	return hw.String(), nil
-}
-
 var sizeUnits = map[string]float64{
 	"": 1, "b": 1,
 	"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15,
@@ -620,6 +576,9 @@ func parseDisks(v string) ([]store.Disk, error) {
 		bytes := f * sizeUnits[strings.ToLower(sm[3])]
 		if bytes > 1<<62 {
 			return nil, errors.New("disk size too large")
+		}
+		if bytes < 1 {
+			return nil, errors.New("disk size must be at least 1 byte")
 		}
 		if len(out)+n > maxDisks {
 			return nil, fmt.Errorf("more than %d disks", maxDisks)

@@ -1,11 +1,15 @@
 package intake
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -53,9 +57,9 @@ bad mac,S2,52:54:00:zz:00:02,1,8,16,1x1TB,uefi,,,,,
 ok-3,S3,52:54:00:00:00:03,0,eight,16,1x1TB,uefi,,,,,
 ok-4,S4,52:54:00:00:00:04,1,8,-1,2x,efi32,fe80::1,novalue,maybe,bmc:0,52:54:00:00:00:04
 
-ok-6,S1,52:54:00:00:00:01,1,8,16,1x1TB,uefi,,,,,
+ok-6,S6,01:00:5e:00:00:07,1,8,16,1x1TB,uefi,,,,,
 ok-7,S7,,1,8,16,1x1TB,uefi,,,,,
-ok-1,S8,52:54:00:00:00:08,1,8,16,1x1TB,uefi,,,,,
+ok-8,S8,52:54:00:00:00:08;FF-FF-FF-FF-FF-FF,1,8,16,1x1TB,uefi,,,,,00:00:00:00:00:00
 ok-9,S9,52:54:00:00:00:09
 `
 	ms, err := Parse(strings.NewReader(in), "csv")
@@ -71,7 +75,7 @@ ok-9,S9,52:54:00:00:00:09
 		}
 	}
 	want := []string{"3:name", "3:macs", "4:u", "4:cpus", "5:memory_gib", "5:disks", "5:boot_mode", "5:ipv4", "5:labels",
-		"5:wipe", "5:bmc_address", "5:bmc_mac", "7:serial", "7:macs", "8:macs", "9:name", "10:"}
+		"5:wipe", "5:bmc_address", "5:bmc_mac", "7:macs", "8:macs", "9:macs", "9:bmc_mac", "10:"}
 	for _, w := range want {
 		if !got[w] {
 			t.Errorf("missing row error %s; got %v", w, rows.Rows)
@@ -165,7 +169,7 @@ func TestParseJSON(t *testing.T) {
 	}
 	bad := `[
   {"name": "j1", "macs": ["52:54:00:00:00:01"]},
-  {"name": "j2", "macs": ["52:54:00:00:00:01"],
+  {"name": "j2", "macs": ["33:33:00:00:00:01"],
    "colour": "red"},
   {"name": "j3", "macs": [1], "cpus": "many"},
   "not an object"
@@ -211,12 +215,13 @@ func TestParse2000RowPlan(t *testing.T) {
 	if len(ms) != 2000 || ms[1999].Name != "n01999" || ms[1999].Rack != "r049" || len(ms[1999].Intended.NICs) != 2 {
 		t.Fatalf("%d machines, last %+v", len(ms), ms[len(ms)-1])
 	}
-	// One bad row among 2,000 rejects the whole plan.
-	p := strings.Replace(plan(2000), "n01234,SN001234", "n01234,SN000007", 1)
+	// One bad row among 2,000 rejects the whole plan. (Duplicates across
+	// rows are the store's rule: lifecycle's TestImport2000RowsOneStoredDuplicate.)
+	p := strings.Replace(plan(2000), "n01234,SN001234", "n01234,SN\x01", 1)
 	_, err = Parse(strings.NewReader(p), "csv")
 	var rows *ErrRows
 	if !errors.As(err, &rows) || len(rows.Rows) != 1 || rows.Rows[0].Line != 1236 || rows.Rows[0].Field != "serial" {
-		t.Fatalf("duplicate serial: %v", err)
+		t.Fatalf("bad serial: %v", err)
 	}
 }
 
@@ -229,7 +234,11 @@ func BenchmarkParse2000(b *testing.B) {
 	}
 }
 
-// FuzzParse: no input panics; any success yields valid machines.
+// FuzzParse: any accepted file yields machines that hold the import rules (a name of the
+// name rule, printable fields, lower-case unicast EUI-48 MACs — that a MAC is used once is
+// the store's rule, store.ImportMachines, not the parser's), and the same
+// machines written in the other form — Kiln's JSON import format, every field of each
+// machine — parse back to exactly the same machines (CSV/NetBox/JSON ⇄ JSON equivalence).
 func FuzzParse(f *testing.F) {
 	f.Add(goodCSV, "csv")
 	f.Add(netboxExport, "netbox")
@@ -237,20 +246,118 @@ func FuzzParse(f *testing.F) {
 	f.Add(`{"machines":[{"name":"j","macs":"52:54:00:00:00:01","disks":"3x1.5TiB"}]}`, "json")
 	f.Add("name,macs\nx,\"52:54:00:00:00:01\"\"\n", "csv")
 	f.Add("name,macs,disks\nx,52:54:00:00:00:01,99999999x1PB\n", "csv")
+	f.Add("name,macs,disks,memory_gib\nx,52:54:00:00:00:01,0.5b,0.0000000001\n", "csv")
+	f.Add("name,macs,memory_gib,root_disk_min_gib,u,cpus,wipe,boot_mode,ipv4,bmc_mac,labels\nx,52-54-00-00-00-01,1.5,0.001,12.0,8,yes,BIOS,10.0.0.5/24,AA:BB:CC:00:00:01, a = b ; c=d \n", "csv")
 	f.Fuzz(func(t *testing.T, in, format string) {
 		ms, err := Parse(strings.NewReader(in), format)
 		if err != nil {
 			return
 		}
+		withoutNIC := false
 		for _, m := range ms {
-			if m.Name == "" || m.State != store.StateRegistered || len(m.Intended.Disks) > maxDisks {
+			if rules.CheckName(m.Name) != nil || m.State != store.StateRegistered || len(m.Intended.Disks) > maxDisks {
 				t.Fatalf("invalid machine %+v", m)
 			}
-			for _, n := range m.Intended.NICs {
-				if n.MAC != strings.ToLower(n.MAC) || len(n.MAC) != 17 {
-					t.Fatalf("mac %q", n.MAC)
+			for _, v := range []string{m.Intended.Serial, m.Intended.Vendor, m.Intended.Model, m.Site, m.Rack, m.RootDisk.Serial} {
+				if rules.CheckText(v, rules.MaxTextLen) != nil {
+					t.Fatalf("field %q of %s", v, m.Name)
 				}
 			}
+			all := []string{m.Intended.BMCMAC}
+			for _, n := range m.Intended.NICs {
+				all = append(all, n.MAC)
+			}
+			for _, mac := range all {
+				if mac == "" {
+					continue
+				}
+				if norm, err := store.ParseMachineMAC(mac); err != nil || norm != mac {
+					t.Fatalf("mac %q of %s (normalized %q, %v)", mac, m.Name, norm, err)
+				}
+			}
+			withoutNIC = withoutNIC || len(m.Intended.NICs) == 0
+		}
+		if withoutNIC {
+			return // NetBox rows may lack MACs; the JSON form requires one
+		}
+		js := toJSON(t, ms)
+		again, err := Parse(strings.NewReader(js), "json")
+		if err != nil {
+			t.Fatalf("%q (%s) accepted, but its JSON form is refused: %v\n%s", in, format, err, js)
+		}
+		if !reflect.DeepEqual(again, ms) {
+			t.Fatalf("%q (%s) and its JSON form differ:\n%+v\n%+v\n%s", in, format, ms, again, js)
 		}
 	})
+}
+
+// toJSON writes machines in Kiln's JSON import format, every field the import sets.
+func toJSON(t *testing.T, ms []store.Machine) string {
+	t.Helper()
+	gib := func(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<30), 'g', -1, 64) }
+	var rows []map[string]any
+	for _, m := range ms {
+		r := map[string]any{"name": m.Name}
+		set := func(k, v string) {
+			if v != "" {
+				r[k] = v
+			}
+		}
+		set("serial", m.Intended.Serial)
+		set("vendor", m.Intended.Vendor)
+		set("model", m.Intended.Model)
+		set("site", m.Site)
+		set("rack", m.Rack)
+		set("bmc_address", m.Intended.BMCAddress)
+		set("bmc_mac", m.Intended.BMCMAC)
+		set("boot_mode", string(m.BootMode))
+		set("ipv4", m.IPv4)
+		set("root_disk_serial", m.RootDisk.Serial)
+		if m.RackUnit != 0 {
+			r["u"] = m.RackUnit
+		}
+		if m.Intended.CPUs != 0 {
+			r["cpus"] = m.Intended.CPUs
+		}
+		if m.Intended.MemoryBytes != 0 {
+			r["memory_gib"] = json.Number(gib(m.Intended.MemoryBytes))
+		}
+		if m.RootDisk.MinSizeBytes != 0 {
+			r["root_disk_min_gib"] = json.Number(gib(m.RootDisk.MinSizeBytes))
+		}
+		if m.Wipe {
+			r["wipe"] = true
+		}
+		var disks []string
+		for _, d := range m.Intended.Disks {
+			disks = append(disks, strconv.FormatUint(d.SizeBytes, 10))
+		}
+		set("disks", strings.Join(disks, "+"))
+		var macs []string
+		for _, n := range m.Intended.NICs {
+			macs = append(macs, n.MAC)
+		}
+		r["macs"] = macs
+		if len(m.Labels) > 0 {
+			r["labels"] = m.Labels
+		}
+		rows = append(rows, r)
+	}
+	b, err := json.Marshal(rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestSizesBelowOneByteRefused: a disk or memory size that rounds to 0 bytes was accepted
+// and stored as "no disk size" / "no memory" (found by FuzzParse's JSON round trip).
+func TestSizesBelowOneByteRefused(t *testing.T) {
+	for _, tc := range []struct{ col, val string }{{"disks", "0.5b"}, {"disks", "2x0.1"}, {"memory_gib", "0.0000000001"}} {
+		in := "name,macs," + tc.col + "\nx,52:54:00:00:00:01," + tc.val + "\n"
+		var re *ErrRows
+		if _, err := Parse(strings.NewReader(in), "csv"); !errors.As(err, &re) || re.Rows[0].Field != tc.col {
+			t.Errorf("%s=%s: %v, want a row error on %s", tc.col, tc.val, err, tc.col)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,7 +16,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"kiln/api/agentapi"
-	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 const loopSerial = "LOOPTEST01"
@@ -41,10 +42,13 @@ func provisionTask(fa *fakeAppliance, name string, img []byte, format string) ag
 	}
 }
 
-// checkImageRange asserts the disk equals img over the image range except the sectors the
-// agent reported as changed by stage, and that those sectors really differ.
+// checkImageRange asserts the disk's partition table is the image's plus the cidata entry
+// the stage step is specified to add (checkPartitionTable: read back by sfdisk, not taken
+// from the agent's report), and the disk equals img over the image range except the sectors
+// the agent reported as changed by stage, and that those sectors really differ.
 func checkImageRange(t *testing.T, diskFile string, img []byte, written map[string]string) {
 	t.Helper()
+	checkPartitionTable(t, diskFile, img)
 	disk, err := os.ReadFile(diskFile)
 	if err != nil {
 		t.Fatal(err)
@@ -67,6 +71,83 @@ func checkImageRange(t *testing.T, diskFile string, img []byte, written map[stri
 	}
 	if sha(got) != sha(img) {
 		t.Fatalf("disk image range differs from the image outside the reported sectors")
+	}
+}
+
+// sfdiskTable is `sfdisk -J` output (util-linux): sizes and starts in sectors.
+type sfdiskTable struct {
+	PartitionTable struct {
+		Label      string `json:"label"`
+		ID         string `json:"id"`
+		LastLBA    int64  `json:"lastlba"`
+		SectorSize int64  `json:"sectorsize"`
+		Partitions []struct {
+			Start int64  `json:"start"`
+			Size  int64  `json:"size"`
+			Type  string `json:"type"`
+			UUID  string `json:"uuid"`
+			Name  string `json:"name"`
+			Boot  bool   `json:"bootable"`
+		} `json:"partitions"`
+	} `json:"partitiontable"`
+}
+
+func readTable(t *testing.T, path string) sfdiskTable {
+	t.Helper()
+	var pt sfdiskTable
+	if err := json.Unmarshal([]byte(run(t, "sfdisk", "-J", path)), &pt); err != nil {
+		t.Fatalf("sfdisk -J %s: %v", path, err)
+	}
+	return pt
+}
+
+// checkPartitionTable reads the partition tables of the image and of the disk with sfdisk
+// and requires the disk's to be the image's, unchanged (label, identifier, every entry's
+// start, size, type, bootable flag, GPT UUID and name), plus one entry as doc.go and
+// parttable.go specify the stage step: starting at the image's end rounded up to 1 MiB,
+// DefaultStageSize long, type 0x0C (MBR) or Microsoft basic data named "cidata" (GPT), and,
+// for GPT, the usable area grown to the disk (last usable LBA = last LBA - 33). For MBR
+// the boot code in front of the table (bytes 0..445) must be the image's too.
+func checkPartitionTable(t *testing.T, diskFile string, img []byte) {
+	t.Helper()
+	imgFile := filepath.Join(t.TempDir(), "image.raw")
+	if err := os.WriteFile(imgFile, img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want, got := readTable(t, imgFile).PartitionTable, readTable(t, diskFile).PartitionTable
+	if got.Label != want.Label || got.ID != want.ID || got.SectorSize != 512 {
+		t.Fatalf("disk table %s %s (sector %d), image's %s %s", got.Label, got.ID, got.SectorSize, want.Label, want.ID)
+	}
+	if len(got.Partitions) != len(want.Partitions)+1 {
+		t.Fatalf("disk has %d partitions, want the image's %d plus cidata", len(got.Partitions), len(want.Partitions))
+	}
+	for i, p := range want.Partitions {
+		if got.Partitions[i] != p {
+			t.Errorf("partition %d changed: %+v, image has %+v", i+1, got.Partitions[i], p)
+		}
+	}
+	c := got.Partitions[len(want.Partitions)]
+	start := alignUp(int64(len(img)), 1<<20) / 512
+	wantType := map[string]string{"dos": "c", "gpt": "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7"}[want.Label]
+	if c.Start != start || c.Size != DefaultStageSize/512 || !strings.EqualFold(c.Type, wantType) || c.Boot {
+		t.Errorf("cidata entry %+v, want start %d size %d type %s, not bootable", c, start, DefaultStageSize/512, wantType)
+	}
+	if want.Label == "gpt" {
+		fi, err := os.Stat(diskFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Name != "cidata" || got.LastLBA != fi.Size()/512-34 {
+			t.Errorf("GPT: cidata name %q, last usable LBA %d (disk of %d sectors)", c.Name, got.LastLBA, fi.Size()/512)
+		}
+	} else {
+		disk, err := os.ReadFile(diskFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(disk[:446], img[:446]) {
+			t.Error("MBR boot code (bytes 0..445) changed")
+		}
 	}
 }
 
@@ -104,17 +185,16 @@ func checkCidata(t *testing.T, diskFile string, written map[string]string, wantH
 		}
 	}
 	// fsck.fat on the extracted volume.
-	if _, err := exec.LookPath("fsck.fat"); err == nil {
-		o, _ := strconv.ParseInt(off, 10, 64)
-		sz, _ := strconv.ParseInt(written["cidata_size_bytes"], 10, 64)
-		disk, _ := os.ReadFile(diskFile)
-		vol := filepath.Join(t.TempDir(), "cidata.fat")
-		if err := os.WriteFile(vol, disk[o:o+sz], 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if b, err := exec.Command("fsck.fat", "-n", vol).CombinedOutput(); err != nil {
-			t.Errorf("fsck.fat: %v\n%s", err, b)
-		}
+	testreq.Commands(t, "fsck.fat")
+	o, _ := strconv.ParseInt(off, 10, 64)
+	sz, _ := strconv.ParseInt(written["cidata_size_bytes"], 10, 64)
+	disk, _ := os.ReadFile(diskFile)
+	vol := filepath.Join(t.TempDir(), "cidata.fat")
+	if err := os.WriteFile(vol, disk[o:o+sz], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := exec.Command("fsck.fat", "-n", vol).CombinedOutput(); err != nil {
+		t.Errorf("fsck.fat: %v\n%s", err, b)
 	}
 }
 
@@ -138,7 +218,7 @@ func compress(t *testing.T, format string, b []byte) []byte {
 // TestProvisionGoodWrite: the full gated build on a loop device for GPT/MBR images in each
 // format; the image range and the cidata volume are checked from the host side.
 func TestProvisionGoodWrite(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4", "mdir", "mcopy")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4", "mdir", "mcopy", "fsck.fat", "sgdisk", "debugfs")
 	for _, tc := range []struct{ label, format string }{{"gpt", "raw"}, {"dos", "gzip"}, {"gpt", "zstd"}} {
 		t.Run(tc.label+"-"+tc.format, func(t *testing.T) {
 			img := buildImage(t, tc.label, 8, "marker-"+tc.label)
@@ -172,20 +252,16 @@ func TestProvisionGoodWrite(t *testing.T) {
 				t.Errorf("sfdisk -d:\n%s", dump)
 			}
 			if tc.label == "gpt" {
-				if _, err := exec.LookPath("sgdisk"); err == nil {
-					if out := run(t, "sgdisk", "-v", file); !strings.Contains(out, "No problems found") {
-						t.Errorf("sgdisk -v:\n%s", out)
-					}
+				if out := run(t, "sgdisk", "-v", file); !strings.Contains(out, "No problems found") {
+					t.Errorf("sgdisk -v:\n%s", out)
 				}
 			}
 			// The image's ext4 still holds the marker (debugfs reads it at the partition offset).
-			if _, err := exec.LookPath("debugfs"); err == nil {
-				part := filepath.Join(t.TempDir(), "p1")
-				disk, _ := os.ReadFile(file)
-				os.WriteFile(part, disk[1<<20:len(img)-(1<<20)], 0o644)
-				if out := run(t, "debugfs", "-R", "cat /kiln-marker.txt", part); !strings.Contains(out, "marker-"+tc.label) {
-					t.Errorf("marker: %q", out)
-				}
+			part := filepath.Join(t.TempDir(), "p1")
+			disk, _ := os.ReadFile(file)
+			os.WriteFile(part, disk[1<<20:len(img)-(1<<20)], 0o644)
+			if out := run(t, "debugfs", "-R", "cat /kiln-marker.txt", part); !strings.Contains(out, "marker-"+tc.label) {
+				t.Errorf("marker: %q", out)
 			}
 		})
 	}
@@ -194,7 +270,7 @@ func TestProvisionGoodWrite(t *testing.T) {
 // TestProvisionCorruptStream: a byte flipped mid-stream on every fetch → one rewrite, then
 // digest_mismatch.
 func TestProvisionCorruptStream(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "corrupt")
 	fa := newFakeAppliance(t)
 	bad := bytes.Clone(img)
@@ -218,7 +294,7 @@ func TestProvisionCorruptStream(t *testing.T) {
 // TestProvisionTruncatedResumed: the first response is cut at 40%; the agent resumes with
 // Range and the build succeeds.
 func TestProvisionTruncatedResumed(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "resume")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -250,7 +326,7 @@ func TestProvisionTruncatedResumed(t *testing.T) {
 
 // TestProvisionDiskTooSmall: disk_too_small and not one byte of the disk changes.
 func TestProvisionDiskTooSmall(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "small")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -274,7 +350,7 @@ func TestProvisionDiskTooSmall(t *testing.T) {
 // TestProvisionForeignOS: a disk with a partition table fails foreign_os_present (untouched)
 // unless Wipe is set.
 func TestProvisionForeignOS(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "foreign")
 	for _, wipe := range []bool{false, true} {
 		t.Run("wipe="+strconv.FormatBool(wipe), func(t *testing.T) {
@@ -311,7 +387,7 @@ func TestProvisionForeignOS(t *testing.T) {
 // TestErase: random data erased (discard, then the overwrite fallback); the whole disk
 // reads zeros afterwards (checked here from the host).
 func TestErase(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup")
+	testreq.Root(t, "loop devices", "losetup")
 	for _, method := range []string{"discard", "overwrite"} {
 		t.Run(method, func(t *testing.T) {
 			fill := bytes.Repeat([]byte{0xA5, 0x5A, 0x01, 0xFF}, 2<<20) // 8 MiB non-zero
@@ -338,7 +414,7 @@ func TestErase(t *testing.T) {
 // TestRetriesAndHeartbeats: registration answered 503 twice is retried; a slow image stream
 // produces running reports every Task.Heartbeat with rising progress.
 func TestRetriesAndHeartbeats(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "slow")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -380,7 +456,7 @@ func TestRetriesAndHeartbeats(t *testing.T) {
 // TestProvisionStalledStreamResumed: the first response stops sending (connection kept
 // open); the stall watchdog drops it and the agent resumes with Range.
 func TestProvisionStalledStreamResumed(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "stall")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -424,7 +500,7 @@ func TestMessagesSanitized(t *testing.T) {
 
 // TestCheckGates: the remaining check-step gates, each with the disk left untouched.
 func TestCheckGates(t *testing.T) {
-	testkit.NeedRoot(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "gates")
 	for _, tc := range []struct {
 		name   string

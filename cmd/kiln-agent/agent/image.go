@@ -180,6 +180,10 @@ func contentRangeStart(v string) (int64, error) {
 	if !ok {
 		return 0, errors.New("no range")
 	}
+	// first-pos is 1*DIGIT (RFC 9110 §14.4): no sign.
+	if s == "" || strings.Trim(s, "0123456789") != "" {
+		return 0, fmt.Errorf("first-pos %q is not decimal digits", s)
+	}
 	return strconv.ParseInt(s, 10, 64)
 }
 

@@ -3,14 +3,19 @@ package agent
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"kiln/api/agentapi"
+	"kiln/cmd/kiln-agent/inventory"
+	"kiln/deploy/lab/testreq"
 )
 
 func TestSelectDisk(t *testing.T) {
@@ -64,11 +69,7 @@ func (m memDisk) WriteAt(p []byte, off int64) (int, error) {
 
 // TestMakeFAT16 formats a file and checks it with fsck.fat and mtools (no root needed).
 func TestMakeFAT16(t *testing.T) {
-	for _, b := range []string{"fsck.fat", "mcopy"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s", b)
-		}
-	}
+	testreq.Commands(t, "fsck.fat", "mcopy")
 	hk, err := NewHostKey("host@t")
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +138,18 @@ func gptDisk(n, imageSectors int64) memDisk {
 	return m
 }
 
+// smallGPT is the first 3 sectors of a GPT disk of 64 sectors whose partition array has 4
+// entries (one sector): a fuzz seed of 1.5 KiB (the Go fuzzer slows down a lot on seeds of
+// tens of KiB, such as gptDisk's 17 KiB head with its 128-entry array).
+func smallGPT() []byte {
+	m := gptDisk(64, 64)
+	h := m[512 : 512+92]
+	binary.LittleEndian.PutUint32(h[80:], 4)
+	binary.LittleEndian.PutUint32(h[88:], crc32.ChecksumIEEE(m[2*512:2*512+4*128]))
+	setHeaderCRC(h, 92)
+	return bytes.Clone(m[:3*512])
+}
+
 func TestAppendPartitionGPTInMemory(t *testing.T) {
 	const n, img = 40960, 8192 // 20 MiB disk, 4 MiB image
 	m := gptDisk(n, img)
@@ -180,9 +193,15 @@ func TestForeign(t *testing.T) {
 	}
 }
 
-// FuzzAppendPartition: partition tables come from images fetched over the network.
+// FuzzAppendPartition: partition tables come from images fetched over the network. When
+// AppendPartition succeeds: the partition is where the stage step is specified to put it
+// (1 MiB aligned, at or after the image end, of the requested size, on the disk); every
+// sector below the image end that changed is in PartInfo.Changed; nothing is written inside
+// the new partition (the cidata volume would overwrite it); Foreign sees the partition table
+// of the reported scheme; and the result is itself a table AppendPartition reads, placing a
+// further partition after this one.
 func FuzzAppendPartition(f *testing.F) {
-	f.Add([]byte(gptDisk(64, 64)[:34*512]), int64(64))
+	f.Add(smallGPT(), int64(64))
 	mbr := make([]byte, 512)
 	mbr[510], mbr[511] = 0x55, 0xAA
 	mbr[446+4] = 0x83
@@ -190,38 +209,117 @@ func FuzzAppendPartition(f *testing.F) {
 	binary.LittleEndian.PutUint32(mbr[446+12:], 10)
 	f.Add(mbr, int64(8))
 	f.Add([]byte{}, int64(0))
+	// A 3 MiB disk: the image end (at most 1 MiB) rounded up, a 64 KiB partition and room
+	// for a GPT backup. (Multi-MiB disks made each run of the fuzzer slow.)
+	const disk, size = 3 << 20, 64 << 10
 	f.Fuzz(func(t *testing.T, head []byte, imgSectors int64) {
-		m := make(memDisk, 8<<20)
+		m := make(memDisk, disk)
 		copy(m, head)
-		if imgSectors < 0 || imgSectors > 8192 {
+		if imgSectors < 0 || imgSectors > 2048 {
 			imgSectors = 64
 		}
-		info, err := AppendPartition(m, int64(len(m)), 512, imgSectors*512, 1<<20, "cidata")
-		if err == nil && (info.Start < imgSectors*512 || info.Start+info.Size > int64(len(m))) {
-			t.Fatalf("partition outside the free area: %+v", info)
+		end := imgSectors * 512
+		before := bytes.Clone(m)
+		info, err := AppendPartition(m, disk, 512, end, size, "cidata")
+		if err != nil {
+			if !errors.Is(err, ErrNoPartitionTable) && !errors.Is(err, ErrNoFreeSlot) && !errors.Is(err, ErrNoRoom) {
+				t.Fatalf("unclassified error %v", err)
+			}
+			if !bytes.Equal(m, before) {
+				t.Fatalf("refused (%v) but wrote to the disk", err)
+			}
+			return
+		}
+		if info.Start%stageAlign != 0 || info.Start < end || info.Size != size || info.Start+info.Size > disk {
+			t.Fatalf("partition outside the free area: %+v (image end %d)", info, end)
+		}
+		listed := map[int64]bool{}
+		for _, s := range info.Changed {
+			listed[s] = true
+		}
+		for s := int64(0); s*512 < end; s++ {
+			if !bytes.Equal(m[s*512:(s+1)*512], before[s*512:(s+1)*512]) && !listed[s] {
+				t.Fatalf("sector %d below the image end changed but is not in Changed %v", s, info.Changed)
+			}
+		}
+		if !bytes.Equal(m[info.Start:info.Start+info.Size], before[info.Start:info.Start+info.Size]) {
+			t.Fatalf("the partition table was written inside the new partition %+v", info)
+		}
+		want := map[string]string{"mbr": "MBR partition table", "gpt": "GPT partition table"}[info.Scheme]
+		if got, _ := Foreign(m, 512); got != want {
+			t.Fatalf("after appending a %s partition, Foreign says %q", info.Scheme, got)
+		}
+		again, err := AppendPartition(m, disk, 512, end, size, "cidata")
+		switch {
+		case errors.Is(err, ErrNoFreeSlot) || errors.Is(err, ErrNoRoom):
+		case err != nil:
+			t.Fatalf("the table AppendPartition wrote does not read back: %v (first %+v)", err, info)
+		case again.Start < info.Start+info.Size:
+			t.Fatalf("a second partition %+v overlaps the first %+v", again, info)
 		}
 	})
 }
 
-// FuzzContentRange: the Content-Range header of a resumed image response.
+// FuzzContentRange: the Content-Range header of a resumed image response (RFC 9110 §14.4:
+// "bytes" SP first-pos "-" last-pos "/" complete-length, first-pos 1*DIGIT). A header built
+// from any positions gives back its first-pos; an accepted arbitrary header starts with
+// "bytes " and the decimal digits of the value returned.
 func FuzzContentRange(f *testing.F) {
-	for _, s := range []string{"bytes 100-199/200", "bytes */200", "", "bytes -1-2/3", "items 1-2/3"} {
-		f.Add(s)
+	for _, s := range []string{"bytes 100-199/200", "bytes */200", "", "bytes -1-2/3", "items 1-2/3", "bytes +5-9/10", "bytes 007-9/10", "bytes 5_0-9/10", "bytes 9223372036854775808-1/2"} {
+		f.Add(s, uint64(100), uint64(199), uint64(200))
 	}
-	f.Fuzz(func(t *testing.T, s string) {
+	f.Fuzz(func(t *testing.T, s string, first, last, total uint64) {
+		first &= 1<<63 - 1
+		h := fmt.Sprintf("bytes %d-%d/%d", first, last, total)
+		if v, err := contentRangeStart(h); err != nil || v != int64(first) {
+			t.Fatalf("%q -> %d, %v", h, v, err)
+		}
 		v, err := contentRangeStart(s)
-		if err == nil && !strings.HasPrefix(s, "bytes ") {
+		if err != nil {
+			return
+		}
+		digits, _, ok := strings.Cut(strings.TrimPrefix(s, "bytes "), "-")
+		n, perr := strconv.ParseUint(digits, 10, 63)
+		if !strings.HasPrefix(s, "bytes ") || !ok || digits == "" || strings.Trim(digits, "0123456789") != "" || perr != nil || int64(n) != v {
 			t.Fatalf("%q accepted as %d", s, v)
 		}
 	})
 }
 
-// FuzzForeign: disk heads are arbitrary bytes.
+// FuzzForeign: disk heads are arbitrary bytes. Foreign reads only the first 128 KiB (what
+// follows does not change its answer), answers one of its documented descriptions, and
+// sees a partition table whenever AppendPartition would append to one.
 func FuzzForeign(f *testing.F) {
-	f.Add([]byte(gptDisk(64, 64)[:34*512]))
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = Foreign(memDisk(append(b, make([]byte, 512)...)), 512)
+	f.Add(smallGPT(), []byte("tail"))
+	f.Add([]byte{}, []byte{})
+	known := map[string]bool{"": true, "GPT partition table": true, "MBR partition table": true, "ext2/3/4 file system": true,
+		"XFS file system": true, "LVM2 physical volume": true, "swap signature": true, "ISO9660 file system": true,
+		"btrfs file system": true, "FAT file system": true}
+	f.Fuzz(func(t *testing.T, b, tail []byte) {
+		head := memDisk(append(b, make([]byte, 512)...))
+		got, err := Foreign(head, 512)
+		if err != nil || !known[got] {
+			t.Fatalf("Foreign -> %q, %v", got, err)
+		}
+		// No signature is made of zeros: zero padding to 128 KiB keeps the answer, and
+		// whatever follows 128 KiB does not change it.
+		if len(head) < 128<<10 {
+			padded := make(memDisk, 128<<10+len(tail))
+			copy(padded, head)
+			if g, _ := Foreign(padded[:128<<10], 512); g != got {
+				t.Fatalf("zero padding changed %q to %q", got, g)
+			}
+			copy(padded[128<<10:], tail)
+			if g, _ := Foreign(padded, 512); g != got {
+				t.Fatalf("bytes after 128 KiB changed %q to %q", got, g)
+			}
+		}
+		m := make(memDisk, len(head)+(1<<20)+(128<<10))
+		copy(m, head)
+		if _, err := AppendPartition(m, int64(len(m)), 512, int64(len(head)), 4096, "cidata"); !errors.Is(err, ErrNoPartitionTable) &&
+			got != "GPT partition table" && got != "MBR partition table" {
+			t.Fatalf("AppendPartition reads a table (%v) where Foreign sees %q", err, got)
+		}
 	})
 }
 
@@ -243,10 +341,44 @@ func TestParseATAStatusSense(t *testing.T) {
 	}
 }
 
-// FuzzParseATAStatusSense: sense bytes come from the device.
+// FuzzParseATAStatusSense: sense bytes come from the device (SPC-4 §4.5.2 descriptor
+// format 0x72, SAT-3 §12.2.2.7 ATA Status Return descriptor 0x09: LBA mid at byte 9, LBA
+// high at byte 11; SMART RETURN STATUS gives 4Fh/C2h for OK, F4h/2Ch for threshold
+// exceeded). Arbitrary bytes give one of the three answers; an ATA descriptor placed after
+// any chain of other descriptors gives the answer of its LBA mid/high.
 func FuzzParseATAStatusSense(f *testing.F) {
-	f.Add([]byte{0x72, 0, 0, 0, 0, 0, 0, 14, 0x09, 0x0c, 0, 0, 0, 0, 0, 0, 0, 0x4F, 0, 0xC2, 0, 0})
-	f.Fuzz(func(t *testing.T, b []byte) { _ = parseATAStatusSense(b) })
+	f.Add([]byte{0x72, 0, 0, 0, 0, 0, 0, 14, 0x09, 0x0c, 0, 0, 0, 0, 0, 0, 0, 0x4F, 0, 0xC2, 0, 0}, []byte{0x00, 2, 1, 2}, byte(0x4F), byte(0xC2))
+	f.Add([]byte{0x70}, []byte{}, byte(0xF4), byte(0x2C))
+	f.Fuzz(func(t *testing.T, b, others []byte, mid, high byte) {
+		if got := parseATAStatusSense(b); got != HealthOK && got != HealthFailing && got != inventory.HealthNotReported {
+			t.Fatalf("% x -> %q", b, got)
+		}
+		sense := []byte{0x72, 0, 0, 0, 0, 0, 0, 0}
+		for rest := others; len(rest) >= 2; {
+			typ, n := rest[0], int(rest[1])%16
+			if typ == ataSenseDesc {
+				typ = 0x00
+			}
+			if n > len(rest)-2 {
+				n = len(rest) - 2
+			}
+			sense = append(append(sense, typ, byte(n)), rest[2:2+n]...)
+			rest = rest[2+n:]
+		}
+		d := make([]byte, 14)
+		d[0], d[1], d[9], d[11] = ataSenseDesc, 12, mid, high
+		sense = append(sense, d...)
+		want := inventory.HealthNotReported
+		switch {
+		case mid == 0x4F && high == 0xC2:
+			want = HealthOK
+		case mid == 0xF4 && high == 0x2C:
+			want = HealthFailing
+		}
+		if got := parseATAStatusSense(sense); got != want {
+			t.Fatalf("% x -> %q, want %q", sense, got, want)
+		}
+	})
 }
 
 func TestParseLANIPResponse(t *testing.T) {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/benchline"
+	"kiln/deploy/lab/testreq"
 )
 
 // repoRoot walks up from the test's directory to go.mod.
@@ -33,35 +35,14 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
-// envFiles returns vmlinuz and initramfs of the in-RAM environment: from $KILN_ENV_DIR when
-// set (e.g. after `make env`), else freshly built by deploy/env/build.sh into a temporary
-// directory so the VM always runs the agent code under test (the kernel .deb is cached in
-// build/cache; a rebuild takes ~15 s).
+// envFiles returns vmlinuz and initramfs of the in-RAM environment (testreq.Env): from
+// $KILN_ENV_DIR when set (e.g. after `make env`; missing files fail), else freshly built by
+// deploy/env/build.sh into a temporary directory so the VM always runs the agent code under
+// test (the kernel .deb is cached in build/cache; a rebuild takes ~15 s; a failed build fails).
 func envFiles(t *testing.T) (kernel, initrd string) {
 	t.Helper()
-	dir := os.Getenv("KILN_ENV_DIR")
-	if dir == "" {
-		root := repoRoot(t)
-		for _, b := range []string{"apt-cache", "dpkg", "cpio", "gzip", "/bin/busybox", "/sbin/modinfo"} {
-			if _, err := exec.LookPath(b); err != nil {
-				t.Skipf("needs %s to build the environment (or set KILN_ENV_DIR after `make env`)", b)
-			}
-		}
-		dir = t.TempDir()
-		cmd := exec.Command(filepath.Join(root, "deploy/env/build.sh"))
-		cmd.Env = append(os.Environ(), "KILN_ENV_OUT="+dir)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Skipf("deploy/env/build.sh failed (no apt access to fetch the kernel?): %v\n%s", err, out)
-		}
-	}
-	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initramfs")
-	if !exists(kernel) || !exists(initrd) {
-		t.Skipf("no vmlinuz/initramfs in %s (run `make env`)", dir)
-	}
-	return kernel, initrd
+	return testreq.Env(t)
 }
-
-func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 type vmResult struct {
 	fa       *fakeAppliance
@@ -81,14 +62,7 @@ type vmResult struct {
 // With bench, a second virtio disk receives `busybox wget | dd` of the same image first.
 func bootVM(t *testing.T, imgMiB int, bench bool) vmResult {
 	t.Helper()
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("needs qemu-system-x86_64")
-	}
-	for _, b := range []string{"sfdisk", "mkfs.ext4", "mdir", "mcopy"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s", b)
-		}
-	}
+	testreq.Commands(t, "qemu-system-x86_64", "sfdisk", "mkfs.ext4", "mdir", "mcopy", "fsck.fat", "ipmi_sim", "ipmitool")
 	kernel, initrd := envFiles(t)
 	img := buildImage(t, "gpt", imgMiB, "kiln-vm-marker")
 	fa := newFakeAppliance(t)
@@ -175,14 +149,10 @@ func freePort(t *testing.T, network string) int {
 }
 
 // startIPMISim starts OpenIPMI's ipmi_sim on loopback (LAN 127.0.0.1:UDP, VM codec on a TCP
-// port qemu connects to) and returns the qemu arguments for an in-band BT interface; nil
-// (with a log line) when ipmi_sim is not installed.
+// port qemu connects to) and returns the qemu arguments for an in-band BT interface
+// (bootVM requires ipmi_sim and ipmitool).
 func startIPMISim(t *testing.T, dir string) []string {
 	t.Helper()
-	if _, err := exec.LookPath("ipmi_sim"); err != nil {
-		t.Log("ipmi_sim not installed: BMC address check skipped")
-		return nil
-	}
 	lan, vmPort := freePort(t, "udp"), freePort(t, "tcp")
 	conf := filepath.Join(dir, "lan.conf")
 	emu := filepath.Join(dir, "bmc.emu")
@@ -217,10 +187,6 @@ set_working_mc 0x20
 		time.Sleep(100 * time.Millisecond)
 	}
 	// Give the BMC a LAN address over RMCP+ (as a site would), to be read back in-band.
-	if _, err := exec.LookPath("ipmitool"); err != nil {
-		t.Log("ipmitool not installed: BMC address check skipped")
-		return nil
-	}
 	var setErr error
 	for i := 0; i < 20; i++ {
 		out, err := exec.Command("ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", strconv.Itoa(lan),
@@ -304,9 +270,7 @@ var peerLine = regexp.MustCompile(`kiln-init: bench peer wget\|dd t0=([0-9.]+) t
 // conv=fsync` of the image into a second virtio disk, then the agent's write step into the
 // first; both include the final flush. Prints a bench: line.
 func TestBenchAgentWrite(t *testing.T) {
-	if os.Getenv("KILN_BENCH") != "1" {
-		t.Skip("set KILN_BENCH=1 to run benchmarks")
-	}
+	benchline.Need(t, false, "qemu-system-x86_64", "sfdisk", "mkfs.ext4", "mdir", "mcopy")
 	res := bootVM(t, 96, true)
 	w := checkVMResult(t, res)
 	m := peerLine.FindStringSubmatch(res.serial)
@@ -321,5 +285,5 @@ func TestBenchAgentWrite(t *testing.T) {
 		t.Error("peer disk does not hold the image")
 	}
 	kiln, _ := strconv.ParseFloat(w["write_bytes_per_s"], 64)
-	fmt.Printf("bench: agent_write_bytes_per_s kiln=%.0f peer=%.0f unit=bytes/s ratio=%.3f\n", kiln, peerBps, kiln/peerBps)
+	benchline.Print(t, benchline.Line{Name: "agent_write_bytes_per_s", Unit: "bytes/s", Kiln: kiln, Peer: &benchline.Peer{What: "busybox-wget|dd", Value: peerBps}})
 }

@@ -47,7 +47,8 @@ func main() {
 	}
 	fmt.Printf("\nsummary: machine %s is %s; power-on to %s in %.1f s (whole demo %.0f s)\n",
 		r.MachineID, r.FinalState, r.FinalState, r.Seconds, time.Since(start).Seconds())
-	fmt.Printf("  image sha256 %s verified on the host: %v; cidata files: %d\n", r.ImageSHA256, r.DiskImageOK, len(r.Cidata))
+	fmt.Printf("  disk checked on the host byte by byte (image sha256 %s, partition table, cidata, zeros): %v %s; cidata files: %d\n",
+		r.ImageSHA256, r.DiskImageOK, r.DiskProblem, len(r.Cidata))
 	if *keep {
 		kiln := filepath.Join(root, "bin/kiln")
 		env := fmt.Sprintf("KILN_TOKEN_FILE=%s/kiln-data/admin.token", *work)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 	"kiln/store"
 )
 
@@ -25,7 +25,7 @@ func gate(t *testing.T) {
 	if os.Getenv("KILN_E2E") == "" {
 		t.Skip("end-to-end VM test: run it with `make e2e` (sets KILN_E2E=1; needs root, qemu, the built env)")
 	}
-	testkit.NeedRoot(t, "the end-to-end VM test (network namespaces, tap devices)")
+	testreq.Root(t, "end-to-end VM test: network namespaces, tap devices")
 }
 
 type logWriter struct{ t *testing.T }
@@ -99,7 +99,7 @@ func checkProvisioned(t *testing.T, fw string, r *Result) {
 		t.Fatalf("machine ended %s (%s), want provisioned", r.FinalState, r.Reason)
 	}
 	if !r.DiskImageOK {
-		t.Error("the disk does not hold the image's bytes")
+		t.Errorf("the disk is not as the build must leave it: %s", r.DiskProblem)
 	}
 	md := r.Cidata["meta-data"]
 	if !strings.Contains(md, "lab-node-1") || !strings.Contains(md, r.MachineID) {

@@ -9,6 +9,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"kiln/api"
+	"kiln/cmd/kiln-agent/agent"
 	"kiln/deploy/lab/ipmilab"
 	"kiln/deploy/lab/labimage"
 	"kiln/deploy/lab/labnet"
@@ -52,8 +54,9 @@ type Result struct {
 	PowerOnAt     time.Time
 	Seconds       float64 // power-on → final state
 	ImageSHA256   string
-	DiskImageOK   bool // the disk holds the image's bytes (outside the staged table entry)
-	DiskUntouched bool // the disk is all zeros (failing path)
+	DiskImageOK   bool   // every byte of the disk is as expected (checkDisk)
+	DiskProblem   string // the first difference checkDisk found ("" when DiskImageOK)
+	DiskUntouched bool   // the disk is all zeros (failing path)
 	Cidata        map[string]string
 	DiskBooted    bool // BIOS: the image's boot sector ran after the exit-to-disk script
 	Lab           *labnet.Lab
@@ -213,14 +216,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			say("reboot: exit to local disk; boot sector ran: %v", r.DiskBooted)
 		}
 		stopVM(ctx, k, r.MachineID, lab)
-		r.DiskImageOK, err = diskHoldsImage(disk, img)
-		if err != nil {
+		if r.DiskProblem, err = checkDisk(disk, img); err != nil {
 			return r, err
 		}
+		r.DiskImageOK = r.DiskProblem == ""
 		if r.Cidata, err = readCidata(disk); err != nil {
 			return r, err
 		}
-		say("disk: image bytes verified on the host: %v; cidata files: %d", r.DiskImageOK, len(r.Cidata))
+		say("disk: every byte as expected (image, partition table, cidata, zeros): %v %s; cidata files: %d", r.DiskImageOK, r.DiskProblem, len(r.Cidata))
 	case o.WantReason != "" && r.FinalState == store.StateFailed:
 		stopVM(ctx, k, r.MachineID, lab)
 		r.DiskUntouched, err = allZero(disk)
@@ -626,46 +629,142 @@ func waitSerial(ctx context.Context, dir, marker string, d time.Duration) bool {
 	return false
 }
 
-// diskHoldsImage compares the disk with the image byte for byte over the
-// image's length. The only bytes allowed to differ are the MBR's partition
-// entry slots (446..509), where stage appends the cidata partition.
-func diskHoldsImage(disk string, img labimage.Image) (bool, error) {
-	a, err := os.Open(disk)
+// Expected layout of the disk after a build with stage, from the agent's
+// specification (cmd/kiln-agent/agent doc.go "stage" and parttable.go "MBR"),
+// not from the disk: the cidata partition starts at the image's end rounded up
+// to stageAlign, is agent.DefaultStageSize bytes long, and takes the first free
+// MBR slot as type 0x0C (FAT32 LBA) with LBA-only CHS FE FF FF (UEFI 2.10
+// §5.2.1 legacy MBR: 16-byte entries at offset 446, signature 0x55 0xAA at 510).
+const (
+	stageAlign   = 1 << 20 // bytes
+	sectorSize   = 512     // the VM's virtio disk: 512-byte logical blocks
+	mbrEntries   = 446     // offset of the four 16-byte partition entries
+	mbrCidataTyp = 0x0C
+)
+
+// expectedMBR is sector 0 of the disk as the stage step must leave it: the
+// image's boot code, disk signature and partition entry 1 unchanged; entry 2
+// the cidata partition at start (bytes) of size (bytes); entries 3 and 4
+// zero; the 0x55AA signature. It fails when the image itself does not have
+// that shape (one partition in entry 1 ending at or before start), since
+// then the expectation would not be the one the agent is specified to meet.
+func expectedMBR(imgSec0 []byte, start, size int64) ([]byte, error) {
+	if len(imgSec0) != sectorSize || imgSec0[510] != 0x55 || imgSec0[511] != 0xAA {
+		return nil, errors.New("lab image: sector 0 is not an MBR")
+	}
+	e1 := imgSec0[mbrEntries : mbrEntries+16]
+	if e1[4] == 0 || !bytes.Equal(imgSec0[mbrEntries+16:510], make([]byte, 510-mbrEntries-16)) {
+		return nil, errors.New("lab image: want exactly one partition, in MBR entry 1")
+	}
+	if end := int64(binary.LittleEndian.Uint32(e1[8:])+binary.LittleEndian.Uint32(e1[12:])) * sectorSize; end > start {
+		return nil, fmt.Errorf("lab image: partition 1 ends at %d, after the expected cidata start %d", end, start)
+	}
+	want := make([]byte, sectorSize)
+	copy(want, imgSec0[:mbrEntries+16]) // boot code, disk signature, entry 1
+	e2 := want[mbrEntries+16 : mbrEntries+32]
+	e2[0] = 0x00 // not bootable
+	copy(e2[1:4], []byte{0xFE, 0xFF, 0xFF})
+	e2[4] = mbrCidataTyp
+	copy(e2[5:8], []byte{0xFE, 0xFF, 0xFF})
+	binary.LittleEndian.PutUint32(e2[8:], uint32(start/sectorSize))
+	binary.LittleEndian.PutUint32(e2[12:], uint32(size/sectorSize))
+	want[510], want[511] = 0x55, 0xAA
+	return want, nil
+}
+
+// checkDisk reads the whole disk after a successful build and compares every
+// byte with what is expected, computed from the image and the specification
+// only (nothing of the disk is copied into the expectation):
+//
+//	sector 0                 expectedMBR (image's entry 1, the cidata entry 2, zero 3 and 4, 0x55AA)
+//	512 … image end          the image's bytes
+//	image end … cidata start zero
+//	cidata partition         a FAT16 volume: boot signature 0x55AA, label "CIDATA", hidden
+//	                         sectors = its start LBA (its files are read by readCidata)
+//	cidata end … disk end    zero
+//
+// It returns "" when all hold, else the first difference found.
+func checkDisk(disk string, img labimage.Image) (string, error) {
+	d, err := os.ReadFile(disk)
 	if err != nil {
-		return false, err
+		return "", err
 	}
-	defer a.Close()
-	b, err := os.Open(img.Path)
+	im, err := os.ReadFile(img.Path)
 	if err != nil {
-		return false, err
+		return "", err
 	}
-	defer b.Close()
-	bufA, bufB := make([]byte, 1<<20), make([]byte, 1<<20)
-	var off int64
-	for off < img.Size {
-		n := int64(len(bufA))
-		if img.Size-off < n {
-			n = img.Size - off
-		}
-		if _, err := io.ReadFull(a, bufA[:n]); err != nil {
-			return false, fmt.Errorf("reading disk at %d: %w", off, err)
-		}
-		if _, err := io.ReadFull(b, bufB[:n]); err != nil {
-			return false, err
-		}
-		if off == 0 {
-			copy(bufA[446:510], bufB[446:510])
-			// The image's own partition (entry 1) must be unchanged.
-			if !bytes.Equal(bufA[:462], bufB[:462]) {
-				return false, nil
-			}
-		}
-		if !bytes.Equal(bufA[:n], bufB[:n]) {
-			return false, nil
-		}
-		off += n
+	if int64(len(im)) != img.Size || len(im) < sectorSize {
+		return "", fmt.Errorf("lab image %s: %d bytes, want %d", img.Path, len(im), img.Size)
 	}
-	return true, nil
+	start := (img.Size + stageAlign - 1) / stageAlign * stageAlign
+	size := int64(agent.DefaultStageSize)
+	end := start + size
+	if int64(len(d)) < end {
+		return fmt.Sprintf("disk is %d bytes, shorter than the cidata partition's end %d", len(d), end), nil
+	}
+	want, err := expectedMBR(im[:sectorSize], start, size)
+	if err != nil {
+		return "", err
+	}
+	if i := firstDiff(d[:sectorSize], want); i >= 0 {
+		return fmt.Sprintf("sector 0 byte %d (%s) is %#02x, want %#02x", i, mbrField(i), d[i], want[i]), nil
+	}
+	if i := firstDiff(d[sectorSize:img.Size], im[sectorSize:]); i >= 0 {
+		off := sectorSize + i
+		return fmt.Sprintf("image byte %d is %#02x, want %#02x", off, d[off], im[off]), nil
+	}
+	if i := firstNonZero(d[img.Size:start]); i >= 0 {
+		return fmt.Sprintf("byte %d between the image's end and the cidata partition is %#02x, want 0", img.Size+int64(i), d[img.Size+int64(i)]), nil
+	}
+	// FAT boot sector (Microsoft FAT specification §3.1/§3.2, FAT16 extended BPB).
+	bs := d[start : start+sectorSize]
+	switch {
+	case bs[510] != 0x55 || bs[511] != 0xAA:
+		return "cidata partition: no boot sector signature 0x55AA", nil
+	case string(bs[43:54]) != "CIDATA     ":
+		return fmt.Sprintf("cidata partition: volume label %q, want \"CIDATA\"", bs[43:54]), nil
+	case string(bs[54:62]) != "FAT16   ":
+		return fmt.Sprintf("cidata partition: file system type %q, want \"FAT16\"", bs[54:62]), nil
+	case int64(binary.LittleEndian.Uint32(bs[28:])) != start/sectorSize:
+		return fmt.Sprintf("cidata partition: BPB_HiddSec %d, want %d", binary.LittleEndian.Uint32(bs[28:]), start/sectorSize), nil
+	}
+	if i := firstNonZero(d[end:]); i >= 0 {
+		return fmt.Sprintf("byte %d after the cidata partition is %#02x, want 0", end+int64(i), d[end+int64(i)]), nil
+	}
+	return "", nil
+}
+
+// mbrField names the MBR field holding byte i of sector 0.
+func mbrField(i int) string {
+	switch {
+	case i < mbrEntries:
+		return "boot code / disk signature"
+	case i < 510:
+		return fmt.Sprintf("partition entry %d byte %d", (i-mbrEntries)/16+1, (i-mbrEntries)%16)
+	default:
+		return "signature"
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if i >= len(b) || a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
+
+func firstNonZero(b []byte) int {
+	for i, c := range b {
+		if c != 0 {
+			return i
+		}
+	}
+	return -1
 }
 
 func allZero(path string) (bool, error) {

@@ -1,6 +1,7 @@
 package labimage
 
 import (
+	"kiln/deploy/lab/testreq"
 	"os/exec"
 	"strings"
 	"testing"
@@ -8,9 +9,7 @@ import (
 )
 
 func TestBuildIsRealAndRepeatable(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("needs e2fsprogs (deploy/scripts/install-deps.sh)")
-	}
+	testreq.Commands(t, "mkfs.ext4", "debugfs", "sfdisk")
 	a, err := Build(t.TempDir(), "a", 8, "kiln-lab")
 	if err != nil {
 		t.Fatal(err)

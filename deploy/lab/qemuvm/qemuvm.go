@@ -3,6 +3,7 @@ package qemuvm
 import (
 	"bytes"
 	"errors"
+	"kiln/deploy/lab/testreq"
 	"os"
 	"os/exec"
 	"sync"
@@ -53,15 +54,14 @@ const (
 
 // OVMF copies the OVMF variable store to varsCopy and returns the qemu
 // arguments for the two pflash drives (code read-only, the copy writable).
-// It skips t when OVMF is not installed.
+// OVMF not installed is a circumstantial requirement (testreq.HostFile).
 func OVMF(t testing.TB, varsCopy string) []string {
 	t.Helper()
-	if _, err := os.Stat(OVMFCode); err != nil {
-		t.Skipf("needs OVMF (package ovmf): %v", err)
-	}
+	testreq.HostFile(t, OVMFCode, "ovmf")
+	testreq.HostFile(t, OVMFVars, "ovmf")
 	vb, err := os.ReadFile(OVMFVars)
 	if err != nil {
-		t.Skipf("needs OVMF (package ovmf): %v", err)
+		t.Fatal(err)
 	}
 	if err := os.WriteFile(varsCopy, vb, 0o644); err != nil {
 		t.Fatal(err)

@@ -5,70 +5,15 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kiln/deploy/lab/testreq"
 )
-
-// skipRecorder is a testing.TB whose Skipf records the message and ends the
-// goroutine, as the real one does.
-type skipRecorder struct {
-	testing.TB
-	msg string
-}
-
-func (s *skipRecorder) Helper() {}
-func (s *skipRecorder) Skipf(format string, args ...any) {
-	s.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
-// skipped runs fn with a recorder and returns the skip message ("" when fn
-// returned without skipping).
-func skipped(t *testing.T, fn func(testing.TB)) string {
-	r := &skipRecorder{TB: t}
-	done := make(chan struct{})
-	go func() { defer close(done); fn(r) }()
-	<-done
-	return r.msg
-}
-
-// missing is a program that is on no PATH: a path into an empty directory.
-func missing(t *testing.T) string { return filepath.Join(t.TempDir(), "kiln-no-such-program") }
-
-func TestNeedBins(t *testing.T) {
-	if msg := skipped(t, func(tb testing.TB) { NeedBins(tb, "sh") }); msg != "" {
-		t.Fatalf("sh is on PATH, skipped: %s", msg)
-	}
-	absent := missing(t)
-	msg := skipped(t, func(tb testing.TB) { NeedBins(tb, "sh", absent) })
-	if !strings.Contains(msg, "needs "+absent+" on PATH") {
-		t.Fatalf("skip message %q does not name the missing program", msg)
-	}
-}
-
-func TestNeedRoot(t *testing.T) {
-	absent := missing(t)
-	msg := skipped(t, func(tb testing.TB) { NeedRoot(tb, "network namespaces", absent) })
-	if os.Geteuid() != 0 {
-		if want := fmt.Sprintf("needs root for network namespaces (running as uid %d)", os.Geteuid()); msg != want {
-			t.Fatalf("skip message %q, want %q", msg, want)
-		}
-		return
-	}
-	if !strings.Contains(msg, "needs "+absent+" on PATH") {
-		t.Fatalf("root, missing program: skip message %q", msg)
-	}
-	if msg := skipped(t, func(tb testing.TB) { NeedRoot(tb, "network namespaces", "sh") }); msg != "" {
-		t.Fatalf("root with sh on PATH, skipped: %s", msg)
-	}
-}
 
 func TestSample(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -111,7 +56,7 @@ func TestSample(t *testing.T) {
 // TestLink creates a Link, checks both ends carry their addresses and reach
 // each other, and that cleanup removes the namespace and the host end.
 func TestLink(t *testing.T) {
-	NeedRoot(t, "network namespaces", "ip", "curl", "timeout")
+	testreq.Root(t, "network namespaces", "ip", "curl", "timeout")
 	var l Link
 	t.Run("up", func(t *testing.T) {
 		l = NewLink(t, "kbt-k", netip.MustParsePrefix("10.72.9.0/24"), 1400)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"kiln/deploy/lab/testreq"
 	"net"
 	"os"
 	"os/exec"
@@ -17,10 +18,8 @@ import (
 // credentials, the system with Basic auth, a power-on that fails cleanly because the VM
 // command is /bin/false, and a clean exit on SIGTERM.
 func TestBinaryWithCurl(t *testing.T) {
-	curl, err := exec.LookPath("curl")
-	if err != nil {
-		t.Skip("needs curl: not installed")
-	}
+	testreq.Commands(t, "curl")
+	curl, _ := exec.LookPath("curl")
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "vbmc")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {

@@ -22,6 +22,9 @@ type scanner struct {
 	dynamic []use                      // calls whose command is built at run time (name holds the text)
 	shFuncs map[string]map[string]bool // shell functions defined per file
 	dynSeen map[string]bool
+	// absent holds FILE:LINE of lines marked `deps-check:absent`: a name a
+	// test uses because no package provides it (a missing-tool test).
+	absent map[string]bool
 }
 
 func (s *scanner) addDyn(u use) {
@@ -35,6 +38,9 @@ func (s *scanner) addDyn(u use) {
 }
 
 func (s *scanner) addCmd(file string, line int, name string) {
+	if s.absent[fmt.Sprintf("%s:%d", file, line)] {
+		return
+	}
 	if strings.HasPrefix(name, "/") {
 		s.paths = append(s.paths, use{name, file, line})
 		name = path.Base(name)

@@ -137,11 +137,21 @@ func newGoScan(s *scanner, module string) *goScan {
 
 func (g *goScan) addFile(rel string, src []byte) error {
 	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, rel, src, 0)
+	f, err := parser.ParseFile(fset, rel, src, parser.ParseComments)
 	if err != nil {
 		return err
 	}
 	gf := &goFile{rel: rel, dir: filepath.Dir(rel), fset: fset, f: f, imports: map[string]string{}, src: src}
+	for _, cg := range f.Comments {
+		for _, c := range cg.List {
+			if strings.Contains(c.Text, "deps-check:absent") {
+				if g.s.absent == nil {
+					g.s.absent = map[string]bool{}
+				}
+				g.s.absent[fmt.Sprintf("%s:%d", rel, fset.Position(c.Pos()).Line)] = true
+			}
+		}
+	}
 	for _, im := range f.Imports {
 		p, _ := strconv.Unquote(im.Path.Value)
 		name := filepath.Base(p)

@@ -97,6 +97,8 @@ func TestUnusedRowIsReported(t *testing.T) {
 
 // Go: commands reached through the repository's own wrappers, a named
 // closure, ip netns exec, timeout, sh -c, LookPath over lists and appends.
+// A name on a line marked deps-check:absent (no-such-tool in the fixture) is
+// not a command the repository needs.
 func TestGoWrappers(t *testing.T) {
 	s := scanFixture(t, "gowrap")
 	sameSet(t, "commands", names(s.cmds), []string{"arping", "cpio", "dnsmasq", "find", "ip", "ipmi_sim",

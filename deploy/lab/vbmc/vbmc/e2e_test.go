@@ -21,6 +21,7 @@ import (
 
 	"kiln/bmc"
 	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 	"kiln/deploy/lab/vbmc/vbmc"
 )
 
@@ -87,10 +88,8 @@ func newController(t *testing.T, cfg bmc.Config, reg *prometheus.Registry) *bmc.
 
 func qemuArgs(t *testing.T) []string {
 	t.Helper()
-	q, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Skip("needs qemu-system-x86_64: not installed")
-	}
+	testreq.Commands(t, "qemu-system-x86_64")
+	q, _ := exec.LookPath("qemu-system-x86_64")
 	return []string{q, "-accel", "tcg", "-machine", "pc", "-m", "64", "-nodefaults", "-nographic", "-monitor", "none",
 		// a NIC with qemu's iPXE option ROM; user networking restricted to the guest (no host traffic)
 		"-netdev", "user,id=n0,restrict=on", "-device", "virtio-net-pci,netdev=n0,mac=52:54:00:74:00:01"}

@@ -41,5 +41,6 @@ func main() {
 	for _, b := range need {
 		_, _ = exec.LookPath(b)
 	}
-	_ = exec.Command(os.Args[0]).Run() // known only at run time
+	_ = exec.Command(os.Args[0]).Run()   // known only at run time
+	_, _ = exec.LookPath("no-such-tool") // deps-check:absent: a missing-tool test
 }
