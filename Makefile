@@ -49,7 +49,7 @@ lint: depcheck ## gofmt, go vet, import direction
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run gofmt -w on the files above"; exit 1; }
 	$(GO) vet ./...
 
-depcheck: ## Imports point one way (CONVENTIONS.md 1)
+depcheck: ## Imports point one way: the table in deploy/scripts/depcheck/rules.go (top-level DESIGN.md "Parts and folders")
 	$(GO) run ./deploy/scripts/depcheck
 
 ci: ## What CI runs: deps-check, install dependencies, then the README's test command

@@ -26,7 +26,8 @@ import (
 	. "kiln/api"
 	"kiln/api/agentapi"
 	"kiln/api/apitest"
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
+	"kiln/deploy/lab/testkit"
 	"kiln/store"
 )
 
@@ -627,7 +628,7 @@ func TestImagesUploadAndBMC(t *testing.T) {
 	h.want(h.do("DELETE", "/v1/images/"+im.ID, adminTok, nil), 204, "")
 	h.want(h.do("DELETE", "/v1/images/"+im.ID, adminTok, nil), 404, CodeNotFound)
 	// Upload bytes were counted.
-	if v := metricValue(t, h, "kiln_api_image_upload_bytes_total", ""); v < float64(len(data)) {
+	if v := testkit.Sample(t, h.reg, "kiln_api_image_upload_bytes_total"); v < float64(len(data)) {
 		t.Fatalf("upload bytes %v", v)
 	}
 
@@ -670,21 +671,6 @@ func TestNotLeaderAndReadiness(t *testing.T) {
 	h.want(h.do("GET", "/v1/nothing/here", adminTok, nil), 404, CodeNotFound)
 }
 
-func metricValue(t *testing.T, h *harness, name, labelSub string) float64 {
-	t.Helper()
-	r := h.do("GET", "/metrics", "", nil)
-	re := regexp.MustCompile(`(?m)^` + name + `(\{[^}]*\})? ([0-9.e+]+)$`)
-	sum := 0.0
-	for _, m := range re.FindAllStringSubmatch(string(r.body), -1) {
-		if strings.Contains(m[1], labelSub) {
-			var v float64
-			fmt.Sscan(m[2], &v)
-			sum += v
-		}
-	}
-	return sum
-}
-
 func TestMetricsLabelsBounded(t *testing.T) {
 	h := newHarness(t)
 	for i := 0; i < 5; i++ {
@@ -700,7 +686,7 @@ func TestMetricsLabelsBounded(t *testing.T) {
 	if strings.Contains(body, "m-3") || strings.Contains(body, "/random/") || strings.Contains(body, "host=") {
 		t.Fatalf("unbounded label:\n%s", grep(body, "kiln_api_"))
 	}
-	if metricValue(t, h, "kiln_api_auth_failures_total", `reason="missing"`) != 1 {
+	if testkit.Sample(t, h.reg, "kiln_api_auth_failures_total", "reason", "missing") != 1 {
 		t.Fatalf("auth failures:\n%s", grep(body, "auth_failures"))
 	}
 	if !strings.Contains(body, `kiln_api_request_seconds_bucket{method="GET",route="/v1/machines/:id"`) {

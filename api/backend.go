@@ -5,7 +5,7 @@ import (
 	"io"
 
 	"kiln/api/agentapi"
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
 	"kiln/store"
 )
 

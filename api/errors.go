@@ -11,7 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
 	"kiln/store"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"kiln/api/agentapi"
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -104,9 +104,9 @@ func (s *Server) getSite(c echo.Context) error {
 	return notFound("site", c.Param("id"))
 }
 
-// checkText applies the free-text rule (intake.CheckText) to one field.
+// checkText applies the free-text rule (rules.CheckText) to one field.
 func checkText(field, v string, max int) error {
-	if err := intake.CheckText(v, max); err != nil {
+	if err := rules.CheckText(v, max); err != nil {
 		return invalid(field, "%v", err)
 	}
 	return nil
@@ -129,8 +129,8 @@ func validateSite(sp SiteSpec) error {
 	if sp.ID != "" && !idRe.MatchString(sp.ID) {
 		return invalid("id", "must match %s", idRe)
 	}
-	return firstErr(checkText("name", sp.Name, intake.MaxTextLen),
-		checkText("description", sp.Description, intake.MaxDescriptionLen))
+	return firstErr(checkText("name", sp.Name, rules.MaxTextLen),
+		checkText("description", sp.Description, rules.MaxDescriptionLen))
 }
 
 func (s *Server) createSite(c echo.Context) error {
@@ -214,8 +214,8 @@ func validateRack(rs RackSpec) error {
 	case rs.ID != "" && !idRe.MatchString(rs.ID):
 		return invalid("id", "must match %s", idRe)
 	}
-	return firstErr(checkText("name", rs.Name, intake.MaxTextLen), checkText("site", rs.Site, intake.MaxTextLen),
-		checkText("row", rs.Row, intake.MaxTextLen))
+	return firstErr(checkText("name", rs.Name, rules.MaxTextLen), checkText("site", rs.Site, rules.MaxTextLen),
+		checkText("row", rs.Row, rules.MaxTextLen))
 }
 
 func (s *Server) createRack(c echo.Context) error {
@@ -280,7 +280,7 @@ func queryInt(c echo.Context, name string, def, lo, hi int) (int, error) {
 	return n, nil
 }
 
-// validateLabels applies the label rule (intake.CheckLabel) to each label,
+// validateLabels applies the label rule (rules.CheckLabel) to each label,
 // in key order so that the first bad label named is always the same.
 func validateLabels(field string, l map[string]string) error {
 	keys := make([]string, 0, len(l))
@@ -289,7 +289,7 @@ func validateLabels(field string, l map[string]string) error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if err := intake.CheckLabel(k, l[k]); err != nil {
+		if err := rules.CheckLabel(k, l[k]); err != nil {
 			return invalid(field+"."+k, "%v", err)
 		}
 	}
@@ -308,13 +308,13 @@ func normMAC(field, s string) (string, error) {
 
 // validateHardware checks and normalises intended hardware in place.
 func validateHardware(field string, h *store.Hardware) error {
-	t := func(name, v string) error { return checkText(field+"."+name, v, intake.MaxTextLen) }
+	t := func(name, v string) error { return checkText(field+"."+name, v, rules.MaxTextLen) }
 	if err := firstErr(t("serial", h.Serial), t("vendor", h.Vendor), t("model", h.Model), t("uuid", h.UUID),
 		t("firmware", h.Firmware)); err != nil {
 		return err
 	}
 	if h.BMCAddress != "" {
-		if err := intake.CheckHostPort(h.BMCAddress); err != nil {
+		if err := rules.CheckHostPort(h.BMCAddress); err != nil {
 			return invalid(field+".bmc_address", "%v", err)
 		}
 	}
@@ -382,17 +382,17 @@ func validateMachineFields(rackUnit int, labels map[string]string, h *store.Hard
 	return nil
 }
 
-// validateMachineText checks a machine's name (intake.CheckName, the rule
-// import applies) and its other free-text fields (intake.CheckText).
+// validateMachineText checks a machine's name (rules.CheckName, the rule
+// import applies) and its other free-text fields (rules.CheckText).
 func validateMachineText(name, site, rack, bootOverride string, rd store.DiskRule) error {
 	if name != "" {
-		if err := intake.CheckName(name); err != nil {
+		if err := rules.CheckName(name); err != nil {
 			return invalid("name", "%v", err)
 		}
 	}
-	return firstErr(checkText("site", site, intake.MaxTextLen), checkText("rack", rack, intake.MaxTextLen),
-		checkText("boot_override", bootOverride, intake.MaxTextLen),
-		checkText("root_disk.serial", rd.Serial, intake.MaxTextLen), checkText("root_disk.wwn", rd.WWN, intake.MaxTextLen))
+	return firstErr(checkText("site", site, rules.MaxTextLen), checkText("rack", rack, rules.MaxTextLen),
+		checkText("boot_override", bootOverride, rules.MaxTextLen),
+		checkText("root_disk.serial", rd.Serial, rules.MaxTextLen), checkText("root_disk.wwn", rd.WWN, rules.MaxTextLen))
 }
 
 func (s *Server) listMachines(c echo.Context) error {
@@ -585,11 +585,11 @@ func validateClaim(field string, cl *store.Claim) error {
 		return invalid(field+".image", "required: an image ID from GET /v1/images")
 	}
 	if cl.Hostname != "" {
-		if err := intake.CheckHostname(cl.Hostname); err != nil {
+		if err := rules.CheckHostname(cl.Hostname); err != nil {
 			return invalid(field+".hostname", "%v", err)
 		}
 	}
-	if err := checkText(field+".role", cl.Role, intake.MaxTextLen); err != nil {
+	if err := checkText(field+".role", cl.Role, rules.MaxTextLen); err != nil {
 		return err
 	}
 	return validateLabels(field+".labels", cl.Labels)
@@ -597,7 +597,7 @@ func validateClaim(field string, cl *store.Claim) error {
 
 // validateWhy checks the free-text reason and message a client gives for an action.
 func validateWhy(reason, message string) error {
-	return firstErr(checkText("reason", reason, intake.MaxTextLen), checkText("message", message, intake.MaxDescriptionLen))
+	return firstErr(checkText("reason", reason, rules.MaxTextLen), checkText("message", message, rules.MaxDescriptionLen))
 }
 
 func (s *Server) provision(c echo.Context) error {
@@ -623,7 +623,7 @@ func (s *Server) claimMachines(c echo.Context) error {
 	if req.Role == "" {
 		return invalid("role", "required")
 	}
-	if err := firstErr(checkText("role", req.Role, intake.MaxTextLen), validateWhy(req.Reason, "")); err != nil {
+	if err := firstErr(checkText("role", req.Role, rules.MaxTextLen), validateWhy(req.Reason, "")); err != nil {
 		return err
 	}
 	if req.Count < 1 || req.Count > s.cfg.MaxListLimit {
@@ -677,10 +677,10 @@ func (s *Server) enrollBMC(c echo.Context) error {
 	switch {
 	case req.Address == "":
 		return invalid("address", "required: host or host:port of the BMC")
-	case intake.CheckHostPort(req.Address) != nil:
-		return invalid("address", "%v", intake.CheckHostPort(req.Address))
-	case intake.CheckText(req.Username, intake.MaxTextLen) != nil:
-		return invalid("username", "%v", intake.CheckText(req.Username, intake.MaxTextLen))
+	case rules.CheckHostPort(req.Address) != nil:
+		return invalid("address", "%v", rules.CheckHostPort(req.Address))
+	case rules.CheckText(req.Username, rules.MaxTextLen) != nil:
+		return invalid("username", "%v", rules.CheckText(req.Username, rules.MaxTextLen))
 	case req.Driver != "redfish" && req.Driver != "ipmi" && req.Driver != "auto":
 		return invalid("driver", "%q is not redfish|ipmi|auto", req.Driver)
 	case req.Username == "":
@@ -766,8 +766,8 @@ func (s *Server) uploadImage(c echo.Context) error {
 	case meta.ID != "" && !idRe.MatchString(meta.ID):
 		return invalid("id", "must match %s", idRe)
 	}
-	if err := firstErr(checkText("version", meta.Version, intake.MaxTextLen),
-		checkText("source", meta.Source, intake.MaxDescriptionLen)); err != nil {
+	if err := firstErr(checkText("version", meta.Version, rules.MaxTextLen),
+		checkText("source", meta.Source, rules.MaxDescriptionLen)); err != nil {
 		return err
 	}
 	if meta.Source == "" {
@@ -943,7 +943,7 @@ func validateReport(r *agentapi.Report) error {
 	if r.Progress < 0 || r.Progress > 1 || r.Progress != r.Progress {
 		return invalid("progress", "must be 0..1")
 	}
-	r.Message = intake.SanitizeText(r.Message, agentapi.MaxMessageLen)
+	r.Message = rules.SanitizeText(r.Message, agentapi.MaxMessageLen)
 	return nil
 }
 

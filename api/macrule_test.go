@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	. "kiln/api"
+	"kiln/deploy/lab/testkit"
 	"kiln/store"
-	"kiln/store/storetest"
 )
 
 // TestMachineMACRule: POST /v1/machines applies the store's one MAC rule
@@ -15,7 +15,7 @@ import (
 // address is a 400 naming the field, a unicast one is stored lower-case.
 func TestMachineMACRule(t *testing.T) {
 	h := newHarness(t)
-	for i, c := range storetest.MACCases {
+	for i, c := range testkit.MACCases {
 		up := strings.ToUpper(c.MAC)
 		for _, tc := range []struct{ field, body string }{
 			{"intended.nics[0].mac", fmt.Sprintf(`{"name":"n%d","intended":{"nics":[{"mac":%q}]}}`, i, up)},

@@ -1,6 +1,6 @@
 // Package appliance wires Kiln's services together: the replicated store,
 // DHCP, TFTP, HTTP boot, the REST API, BMC control and the lifecycle
-// controller, all started under one context (CONVENTIONS.md rule 2). It adapts
+// controller, all started under one context (DESIGN.md "Start and stop"). It adapts
 // the store to the small interfaces the protocol packages declare.
 package appliance
 

@@ -16,6 +16,7 @@ import (
 	"kiln/appliance/lifecycle"
 	"kiln/bmc"
 	"kiln/deploy/lab/ipmilab"
+	"kiln/deploy/lab/testkit"
 	"kiln/deploy/lab/testreq"
 	"kiln/store"
 	"kiln/store/storetest"
@@ -34,8 +35,7 @@ func TestIPMIAutoInspection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: ipmi_sim")
 	}
-	testreq.Root(t, "network namespace and ipmi_sim")
-	testreq.Commands(t, "ip", "ipmi_sim", "ipmitool", "setsid")
+	testreq.Root(t, "a network namespace and ipmi_sim", "ip", "ipmi_sim", "ipmitool", "setsid")
 	labDir := filepath.Dir(testreq.RepoFile(t, "deploy/lab/ipmi/lan.conf.in"))
 	check := func(err error) {
 		t.Helper()
@@ -43,20 +43,12 @@ func TestIPMIAutoInspection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ipCmd := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
 
 	const user, pass, addr = "kilnlc", "Lc-Secret-75x", "10.75.1.2"
 	ns := fmt.Sprintf("klc-%d", os.Getpid()%100000)
 	state := t.TempDir()
-	ipCmd("netns", "add", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", ns).Run() })
-	ipCmd("-n", ns, "link", "set", "lo", "up")
-	ipCmd("-n", ns, "addr", "add", addr+"/24", "dev", "lo")
+	testkit.Netns(t, ns)
+	testkit.IP(t, "-n", ns, "addr", "add", addr+"/24", "dev", "lo")
 
 	logs := func() {
 		for _, n := range []string{"ipmi_sim.log", "chassis.log", "boots.log"} {

@@ -15,6 +15,7 @@ import (
 
 	"kiln/deploy/lab/benchline"
 	"kiln/deploy/lab/ipmilab"
+	"kiln/deploy/lab/testkit"
 	"kiln/deploy/lab/testreq"
 )
 
@@ -25,19 +26,6 @@ type ipmiLab struct {
 	bmc                      *ipmilab.BMC
 }
 
-func needBins(t *testing.T, bins ...string) {
-	t.Helper()
-	testreq.Root(t, "network namespace and ipmi_sim")
-	testreq.Commands(t, bins...)
-}
-
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %v: %v: %s", name, args, err, out)
-	}
-}
-
 func startIPMILab(t *testing.T, user, pass string, qemuArgs []string) *ipmiLab {
 	t.Helper()
 	labDir, err := filepath.Abs("../deploy/lab/ipmi")
@@ -45,10 +33,8 @@ func startIPMILab(t *testing.T, user, pass string, qemuArgs []string) *ipmiLab {
 		t.Fatal(err)
 	}
 	l := &ipmiLab{ns: fmt.Sprintf("kbm-%d", os.Getpid()%100000), addr: "10.74.1.2", state: t.TempDir()}
-	run(t, "ip", "netns", "add", l.ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", l.ns).Run() })
-	run(t, "ip", "-n", l.ns, "link", "set", "lo", "up")
-	run(t, "ip", "-n", l.ns, "addr", "add", l.addr+"/24", "dev", "lo")
+	testkit.Netns(t, l.ns)
+	testkit.IP(t, "-n", l.ns, "addr", "add", l.addr+"/24", "dev", "lo")
 
 	logs := func() {
 		for _, n := range []string{"ipmi_sim.log", "chassis.log", "boots.log", "qemu.log"} {
@@ -89,7 +75,7 @@ func (l *ipmiLab) chassisLog() string {
 func (l *ipmiLab) boots() []string { return l.bmc.Boots() }
 
 func TestIPMIEndToEndQEMU(t *testing.T) {
-	needBins(t, "ip", "ipmi_sim", "ipmitool", "qemu-system-x86_64", "setsid")
+	testreq.Root(t, "a network namespace and ipmi_sim", "ip", "ipmi_sim", "ipmitool", "qemu-system-x86_64", "setsid")
 	const user, pass = "kilnadmin", "Ipmi-Secret-74x"
 	q, _ := exec.LookPath("qemu-system-x86_64")
 	lab := startIPMILab(t, user, pass, []string{q, "-accel", "tcg", "-machine", "pc", "-m", "64", "-nodefaults",

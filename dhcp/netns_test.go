@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"kiln/deploy/lab/testreq"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -23,17 +22,14 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"golang.org/x/sys/unix"
+
+	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // Tests in this file build network namespaces kdh-<id>-s (server) and
 // kdh-<id>-c (client) joined by a veth pair, addresses 10.71.<n>.0/24 (and
 // 10.71.<n+100>.0/24 behind a simulated relay), and run real clients in them.
-
-func needRoot(t testing.TB, bins ...string) {
-	t.Helper()
-	testreq.Root(t, "network namespaces")
-	testreq.Commands(t, append([]string{"ip"}, bins...)...)
-}
 
 var netSeq atomic.Int32
 
@@ -62,23 +58,11 @@ func newLab(t testing.TB) *lab {
 	l := &lab{srvNS: "kdh-" + id + "-s", cliNS: "kdh-" + id + "-c", srvIf: "kdh" + id + "s", cliIf: "kdh" + id + "c", n: n,
 		serverIP: netip.MustParseAddr(fmt.Sprintf("10.71.%d.1", n)), clientIP: netip.MustParseAddr(fmt.Sprintf("10.71.%d.2", n)),
 		relayIP: netip.MustParseAddr(fmt.Sprintf("10.71.%d.1", n+100))}
-	for _, ns := range []string{l.srvNS, l.cliNS} {
-		exec.Command("ip", "netns", "del", ns).Run() // leftovers of a killed run
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	}
-	run(t, "ip", "link", "add", l.srvIf, "netns", l.srvNS, "type", "veth", "peer", "name", l.cliIf, "netns", l.cliNS)
-	for _, c := range [][]string{
-		{l.srvNS, "ip", "addr", "add", l.serverIP.String() + "/24", "dev", l.srvIf},
-		{l.srvNS, "ip", "link", "set", l.srvIf, "up"},
-		{l.srvNS, "ip", "link", "set", "lo", "up"},
-		{l.srvNS, "ip", "route", "add", fmt.Sprintf("10.71.%d.0/24", n+100), "via", l.clientIP.String()},
-		{l.cliNS, "ip", "link", "set", l.cliIf, "up"},
-		{l.cliNS, "ip", "link", "set", "lo", "up"},
-		{l.cliNS, "ip", "addr", "add", l.relayIP.String() + "/32", "dev", "lo"},
-	} {
-		run(t, append([]string{"ip", "netns", "exec", c[0]}, c[1:]...)...)
-	}
+	testkit.Netns(t, l.srvNS)
+	testkit.Netns(t, l.cliNS)
+	testkit.Veth(t, testkit.VethEnd{NS: l.srvNS, Name: l.srvIf, Addr: l.serverIP.String() + "/24"}, testkit.VethEnd{NS: l.cliNS, Name: l.cliIf}, 0)
+	testkit.IP(t, "-n", l.srvNS, "route", "add", fmt.Sprintf("10.71.%d.0/24", n+100), "via", l.clientIP.String())
+	testkit.IP(t, "-n", l.cliNS, "addr", "add", l.relayIP.String()+"/32", "dev", "lo")
 	return l
 }
 
@@ -190,7 +174,7 @@ func writeHook(t testing.TB) (script, out string) {
 }
 
 func TestNetnsDhclientAndUdhcpc(t *testing.T) {
-	needRoot(t, "dhclient", "udhcpc")
+	testreq.Root(t, "network namespaces", "ip", "dhclient", "udhcpc")
 	l := newLab(t)
 	b := newBoltBackend(t)
 	startServer(t, l, l.config(), b)
@@ -303,7 +287,7 @@ func (r *relayClient) exchange(t testing.TB, req *dhcpv4.DHCPv4, wait time.Durat
 }
 
 func TestNetnsRelayAndServerID(t *testing.T) {
-	needRoot(t)
+	testreq.Root(t, "network namespaces", "ip")
 	l := newLab(t)
 	l.addClientIP(t)
 	b := newBoltBackend(t)
@@ -349,7 +333,7 @@ func TestNetnsRelayAndServerID(t *testing.T) {
 }
 
 func TestNetnsPortInUse(t *testing.T) {
-	needRoot(t)
+	testreq.Root(t, "network namespaces", "ip")
 	l := newLab(t)
 	var holder net.PacketConn
 	var err error
@@ -372,7 +356,7 @@ func TestNetnsPortInUse(t *testing.T) {
 // listens on 67) with options 60/93/77 set by -o, captures the exchange with
 // tcpdump and checks each reply's boot file against its request's arch.
 func TestNetnsPerfdhcpBootFiles(t *testing.T) {
-	needRoot(t, "perfdhcp", "tcpdump")
+	testreq.Root(t, "network namespaces", "ip", "perfdhcp", "tcpdump")
 	l := newLab(t)
 	l.addClientIP(t)
 	startServer(t, l, l.config(), newBoltBackend(t))
@@ -490,7 +474,7 @@ func (s *syncBuf) String() string {
 // without address broadcast out of the ingress interface; a REQUEST to port
 // 4011 gets an ACK back to its sender, from the address it was sent to.
 func TestNetnsProxyDHCP(t *testing.T) {
-	needRoot(t)
+	testreq.Root(t, "network namespaces", "ip")
 	l := newLab(t)
 	l.addClientIP(t)
 	cfg := l.config()

@@ -3,7 +3,6 @@ package httpboot
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"kiln/deploy/lab/qemuvm"
+	"kiln/deploy/lab/testkit"
 	"kiln/deploy/lab/testreq"
 )
 
@@ -28,7 +28,7 @@ import (
 // and a kernel: $KILN_TEST_KERNEL, else the in-RAM environment's (testreq.Env:
 // $KILN_ENV_DIR as `make unit` sets it, or built by deploy/env/build.sh).
 func TestIPXEBootsRenderedScript(t *testing.T) {
-	needRoot(t, "qemu-system-x86_64", "dnsmasq", "cpio", "/bin/busybox")
+	testreq.Root(t, "network namespaces and a tap device", "ip", "qemu-system-x86_64", "dnsmasq", "cpio", "/bin/busybox")
 	kernel := os.Getenv("KILN_TEST_KERNEL")
 	if kernel == "" {
 		kernel, _ = testreq.Env(t)
@@ -61,7 +61,7 @@ func TestIPXEBootsRenderedScript(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(env, EnvKernel), kb, 0o644))
 
 	// Network: host veth 10.72.5.1 (Kiln) — bridge in kbt-q* (dnsmasq 10.72.5.2) — tap (VM).
-	id := fmt.Sprintf("%d%d", os.Getpid()%10000, nsSeq.Add(1))
+	id := testkit.ID()
 	lan := qemuvm.NewNet(t, qemuvm.Net{NS: "kbt-q" + id, Host: "kbtqh" + id, Peer: "kbtqc" + id, Bridge: "kbtqb" + id,
 		Tap: "kbtqt" + id, HostCIDR: "10.72.5.1/24", BridgeCIDR: "10.72.5.2/24"})
 
@@ -96,10 +96,10 @@ func TestIPXEBootsRenderedScript(t *testing.T) {
 				"kiln.token=tok-" + vm.id, "console=ttyS0"})
 		})
 	}
-	if n := sampleValue(t, e.reg, "kiln_httpboot_transfers_total", map[string]string{"class": "env", "result": "ok"}); n < 4 {
+	if n := testkit.Sample(t, e.reg, "kiln_httpboot_transfers_total", "class", "env", "result", "ok"); n < 4 {
 		t.Errorf("env transfers metric %v, want >= 4", n)
 	}
-	if n := sampleValue(t, e.reg, "kiln_httpboot_transfers_total", map[string]string{"class": "ipxe", "result": "ok"}); n < 1 {
+	if n := testkit.Sample(t, e.reg, "kiln_httpboot_transfers_total", "class", "ipxe", "result", "ok"); n < 1 {
 		t.Errorf("ipxe.efi over HTTP: transfers %v, want >= 1", n)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kiln/deploy/lab/testreq"
 )
 
 // rawExchange sends one literal HTTP/1.1 request and returns the status
@@ -137,9 +139,7 @@ func TestContentTypesAndNoEmptyHeaders(t *testing.T) {
 // TestCurlSeesEFIContentType: the issue's probe with the real client,
 // `curl -sI http://.../ipxe.efi`.
 func TestCurlSeesEFIContentType(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skipf("needs curl: %v", err)
-	}
+	testreq.Commands(t, "curl")
 	e := startHTTP(t, "127.0.0.1:0", nil)
 	for p, want := range map[string]string{"/ipxe.efi": "application/efi", "/snp.efi": "application/efi",
 		"/undionly.kpxe": "application/octet-stream", "/env/vmlinuz": "application/octet-stream"} {

@@ -20,6 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
+
+	"kiln/deploy/lab/testkit"
 )
 
 // mapBackend is a real in-memory Backend (the appliance's adapter over the
@@ -213,10 +215,10 @@ func TestFilesRangeETagHead(t *testing.T) {
 			t.Errorf("%s: %d, want 404", p, resp.StatusCode)
 		}
 	}
-	if v := sampleValue(t, e.reg, "kiln_httpboot_sent_bytes_total", map[string]string{"class": "ipxe"}); v < float64(len(ipxebin.Files["ipxe.efi"])) {
+	if v := testkit.Sample(t, e.reg, "kiln_httpboot_sent_bytes_total", "class", "ipxe"); v < float64(len(ipxebin.Files["ipxe.efi"])) {
 		t.Errorf("ipxe bytes metric %v", v)
 	}
-	if v := sampleValue(t, e.reg, "kiln_httpboot_errors_total", map[string]string{"class": "env", "reason": "not_found"}); v != 1 {
+	if v := testkit.Sample(t, e.reg, "kiln_httpboot_errors_total", "class", "env", "reason", "not_found"); v != 1 {
 		t.Errorf("env not_found metric %v", v)
 	}
 }
@@ -261,10 +263,10 @@ func TestScriptRoutes(t *testing.T) {
 	if code, s = get("52:54:00:00:00:01"); code != 200 || !strings.Contains(s, "chain --replace --autofree "+e.base+"/ipxe/52:54:00:00:00:01") {
 		t.Fatalf("backend error: %d\n%s", code, s)
 	}
-	if v := sampleValue(t, e.reg, "kiln_httpboot_errors_total", map[string]string{"class": "script", "reason": "unsafe_value"}); v != 1 {
+	if v := testkit.Sample(t, e.reg, "kiln_httpboot_errors_total", "class", "script", "reason", "unsafe_value"); v != 1 {
 		t.Errorf("unsafe_value metric %v", v)
 	}
-	backendErrs := sampleValue(t, e.reg, "kiln_httpboot_errors_total", map[string]string{"class": "script", "reason": "backend"})
+	backendErrs := testkit.Sample(t, e.reg, "kiln_httpboot_errors_total", "class", "script", "reason", "backend")
 	// A held boot (ErrRetryLater) gets the same wait-and-refetch script, but is
 	// not a backend error.
 	e.backend.mu.Lock()
@@ -274,7 +276,7 @@ func TestScriptRoutes(t *testing.T) {
 		!strings.Contains(s, "chain --replace --autofree "+e.base+"/ipxe/52:54:00:00:00:01") || strings.Contains(s, "kernel ") {
 		t.Fatalf("held boot: %d\n%s", code, s)
 	}
-	if v := sampleValue(t, e.reg, "kiln_httpboot_errors_total", map[string]string{"class": "script", "reason": "backend"}); v != backendErrs {
+	if v := testkit.Sample(t, e.reg, "kiln_httpboot_errors_total", "class", "script", "reason", "backend"); v != backendErrs {
 		t.Errorf("a held boot was counted as a backend error (%v → %v)", backendErrs, v)
 	}
 
@@ -343,32 +345,4 @@ func TestConfigValidate(t *testing.T) {
 	if _, err := New(ok, nil, nil); !errors.Is(err, ErrConfig) {
 		t.Errorf("nil backend: %v", err)
 	}
-}
-
-func sampleValue(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	must(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || (lp.GetName() == k && lp.GetValue() == v)
-				}
-				if !found {
-					continue next
-				}
-			}
-			if m.Counter != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
 }

@@ -137,7 +137,7 @@ func (st dataDirState) recoverHint(restore string, discard ...string) string {
 //     raft.db is older than fsm.db, and starting would roll state back.
 //
 // raft.db present with fsm.db missing is fine: fsm.db is rebuilt from the
-// snapshot and the log on every start (DESIGN.md "Files on disk").
+// snapshot and the log on every start (DESIGN.md "Files on disk (Config.DataDir)").
 func (st dataDirState) check() error {
 	log := st.raft
 	raftPath := filepath.Join(st.dir, RaftDBFile)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"kiln/deploy/lab/testkit"
 	"kiln/store"
 	"kiln/store/storetest"
 )
@@ -170,10 +171,10 @@ func TestRefusalsSurviveForwarding(t *testing.T) {
 }
 
 // TestParseMachineMAC: the one machine-MAC rule over the shared table
-// (storetest.MACCases, also run against dhcp and httpboot) and the input
+// (testkit.MACCases, also run against dhcp and httpboot) and the input
 // forms net.ParseMAC reads.
 func TestParseMachineMAC(t *testing.T) {
-	for _, c := range storetest.MACCases {
+	for _, c := range testkit.MACCases {
 		got, err := store.ParseMachineMAC(c.MAC)
 		if (err == nil) != c.Unicast {
 			t.Errorf("%s (%s): err %v, want unicast %v", c.MAC, c.Why, err, c.Unicast)

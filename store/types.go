@@ -32,7 +32,8 @@ type Rack struct {
 	Units int    `json:"units,omitempty"`
 }
 
-// MachineState is a machine's lifecycle state (DESIGN.md, "Lifecycle").
+// MachineState is a machine's lifecycle state (top-level DESIGN.md
+// "Lifecycle").
 type MachineState string
 
 // Lifecycle states. Terms follow Ironic/Metal3 where they exist.

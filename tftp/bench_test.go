@@ -2,6 +2,7 @@ package tftp
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
 
 	"kiln/deploy/lab/benchline"
+	"kiln/deploy/lab/testkit"
 )
 
 // TestBenchBoot (KILN_BENCH=1): 200 parallel fetches of ipxe.efi over TFTP
@@ -21,11 +23,11 @@ import (
 func TestBenchBoot(t *testing.T) {
 	benchline.Need(t, true, "ip", "curl", "dnsmasq")
 	const clients = 200
-	l := newLink(t, 3, 1500)
+	l := testkit.NewLink(t, "kbt-t", netip.MustParsePrefix("10.72.3.0/24"), 1500)
 	peerIP := "10.72.3.3"
-	run(t, "ip", "addr", "add", peerIP+"/24", "dev", hostVeth(t, l))
+	testkit.IP(t, "addr", "add", peerIP+"/24", "dev", l.HostIf)
 
-	_, _ = startServer(t, Config{MaxTransfers: 256}, l.hostIP+":69")
+	_, _ = startServer(t, Config{MaxTransfers: 256}, l.HostIP+":69")
 
 	root := t.TempDir()
 	must(t, os.WriteFile(filepath.Join(root, "ipxe.efi"), ipxebin.Files["ipxe.efi"], 0o644))
@@ -39,7 +41,7 @@ func TestBenchBoot(t *testing.T) {
 	fetch := func(ip string) float64 {
 		script := fmt.Sprintf(`for i in $(seq %d); do curl -sS -o /dev/null --tftp-blksize 1468 -w '%%{size_download} %%{time_total}\n' tftp://%s/ipxe.efi || echo FAIL$? & done; wait`, clients, ip)
 		start := time.Now()
-		out, err := exec.Command("ip", "netns", "exec", l.ns, "sh", "-c", script).CombinedOutput()
+		out, err := exec.Command("ip", "netns", "exec", l.NS, "sh", "-c", script).CombinedOutput()
 		d := time.Since(start).Seconds()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", ip, err, out)
@@ -55,11 +57,11 @@ func TestBenchBoot(t *testing.T) {
 		}
 		return d
 	}
-	fetch(l.hostIP) // warm-up (page cache, ARP)
+	fetch(l.HostIP) // warm-up (page cache, ARP)
 	fetch(peerIP)
 	var kiln, peer float64
 	for i := 0; i < 3; i++ { // interleaved, best of 3
-		k, p := fetch(l.hostIP), fetch(peerIP)
+		k, p := fetch(l.HostIP), fetch(peerIP)
 		if i == 0 || k < kiln {
 			kiln = k
 		}
@@ -68,13 +70,4 @@ func TestBenchBoot(t *testing.T) {
 		}
 	}
 	benchline.Print(t, benchline.Line{Name: "tftp_200_parallel_seconds", Unit: "s", Kiln: kiln, Peer: &benchline.Peer{What: "dnsmasq-tftp", Value: peer}})
-}
-
-// hostVeth finds the host end of l's veth pair by its address.
-func hostVeth(t *testing.T, l netnsLink) string {
-	out, err := exec.Command("ip", "-o", "addr", "show", "to", l.hostIP+"/32").Output()
-	if err != nil || len(strings.Fields(string(out))) < 2 {
-		t.Fatalf("host veth for %s: %v %q", l.hostIP, err, out)
-	}
-	return strings.Fields(string(out))[1]
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
+
+	"kiln/deploy/lab/testreq"
 )
 
 // Issue 20 items 2-4: every request here is sent as raw bytes and every
@@ -93,7 +95,7 @@ func TestRequestGrammar(t *testing.T) {
 		c.send([]byte(pkt))
 		c.noReply(200 * time.Millisecond)
 	}
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "other", "reason": "illegal"}, float64(len(refused)))
+	waitCounter(t, reg, "kiln_tftp_errors_total", float64(len(refused)), "class", "other", "reason", "illegal")
 	for _, pkt := range []string{"\x00\x03\x00\x01data", "\x00\x04\x00\x00"} { // DATA, ACK
 		c := newRaw(t, addr)
 		c.send([]byte(pkt))
@@ -102,7 +104,7 @@ func TestRequestGrammar(t *testing.T) {
 		}
 		c.noReply(100 * time.Millisecond)
 	}
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "other", "reason": "unknown_tid"}, 2)
+	waitCounter(t, reg, "kiln_tftp_errors_total", 2, "class", "other", "reason", "unknown_tid")
 
 	// Accepted: mode and option names in any letter case (RFC 1350 §5,
 	// RFC 2347: "case insensitive"); the OACK names options in lower case
@@ -196,7 +198,7 @@ func TestLeadingSlash(t *testing.T) {
 			t.Fatalf("%q → %q, want %q", name, p, wantAccess)
 		}
 	}
-	waitCounter(t, reg, "kiln_tftp_transfers_total", map[string]string{"class": "other", "result": "ok"}, 3)
+	waitCounter(t, reg, "kiln_tftp_transfers_total", 3, "class", "other", "result", "ok")
 }
 
 // TestRealClientsLeadingSlash runs tftp-hpa and atftp on loopback: the
@@ -204,11 +206,7 @@ func TestLeadingSlash(t *testing.T) {
 // default mode is netascii, so this also checks that netascii round-trips
 // a binary file), and the refusals as each client prints them.
 func TestRealClientsLeadingSlash(t *testing.T) {
-	for _, b := range []string{"tftp", "atftp"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("needs %s (Debian tftp-hpa, atftp): %v", b, err)
-		}
-	}
+	testreq.Commands(t, "tftp", "atftp", "timeout")
 	s, _ := startServer(t, Config{Root: rootWithEscape(t)}, "127.0.0.1:0")
 	port := strconv.Itoa(port(s))
 	want := ipxebin.Files["undionly.kpxe"]
@@ -312,7 +310,7 @@ func TestTimeoutSendsFixedError(t *testing.T) {
 			c.noReply(300 * time.Millisecond)
 		})
 	}
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "ipxe", "reason": "timeout"}, 3)
+	waitCounter(t, reg, "kiln_tftp_errors_total", 3, "class", "ipxe", "reason", "timeout")
 }
 
 // TestUnknownTID: a packet to a transfer's port from another port gets
@@ -338,7 +336,7 @@ func TestUnknownTIDAndClientError(t *testing.T) {
 	c.recv(time.Second)
 	c.send([]byte("\x00\x05\x00\x00disk full\x00"))
 	c.noReply(800 * time.Millisecond) // longer than Timeout × (Retries+1): no resend, no ERROR back
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "ipxe", "reason": "aborted"}, 1)
+	waitCounter(t, reg, "kiln_tftp_errors_total", 1, "class", "ipxe", "reason", "aborted")
 }
 
 // TestDuplicateACKNoResend: a duplicate ACK must not trigger a resend

@@ -2,19 +2,20 @@ package tftp
 
 import (
 	"bytes"
-	"fmt"
-	"kiln/deploy/lab/testreq"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
+
+	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // This file's tests run real TFTP clients (atftp, tftp-hpa, curl) inside a
@@ -22,54 +23,8 @@ import (
 // (10.72.4.0/24 for the jumbo-frame link). The server runs in the test
 // process on the host end of the veth.
 
-var nsSeq atomic.Int32
-
-type netnsLink struct {
-	ns     string
-	hostIP string
-	nsIP   string
-}
-
-func needRoot(t *testing.T, bins ...string) {
-	t.Helper()
-	testreq.Root(t, "creates network namespaces")
-	testreq.Commands(t, append([]string{"ip"}, bins...)...)
-}
-
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-}
-
-// newLink creates namespace kbt-tN and a veth pair with the given MTU;
-// subnet is the third octet of 10.72.X.0/24. Everything is removed at cleanup.
-func newLink(t *testing.T, subnet, mtu int) netnsLink {
-	t.Helper()
-	id := fmt.Sprintf("%d%d", os.Getpid()%10000, nsSeq.Add(1))
-	l := netnsLink{ns: "kbt-t" + id, hostIP: fmt.Sprintf("10.72.%d.1", subnet), nsIP: fmt.Sprintf("10.72.%d.2", subnet)}
-	vh, vc := "kbth"+id, "kbtc"+id
-	run(t, "ip", "netns", "add", l.ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", l.ns).Run() })
-	run(t, "ip", "link", "add", vh, "mtu", strconv.Itoa(mtu), "type", "veth", "peer", "name", vc, "mtu", strconv.Itoa(mtu))
-	t.Cleanup(func() { exec.Command("ip", "link", "del", vh).Run() })
-	run(t, "ip", "link", "set", vc, "netns", l.ns)
-	run(t, "ip", "addr", "add", l.hostIP+"/24", "dev", vh)
-	run(t, "ip", "link", "set", vh, "up")
-	run(t, "ip", "-n", l.ns, "addr", "add", l.nsIP+"/24", "dev", vc)
-	run(t, "ip", "-n", l.ns, "link", "set", vc, "up")
-	run(t, "ip", "-n", l.ns, "link", "set", "lo", "up")
-	return l
-}
-
-// inNS runs a client in the namespace with a deadline; returns output and error.
-func (l netnsLink) inNS(dir string, name string, args ...string) (string, error) {
-	cmd := exec.Command("timeout", append([]string{"20", "ip", "netns", "exec", l.ns, name}, args...)...)
-	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
+// clientTimeout bounds one client run in the namespace.
+const clientTimeout = 20 * time.Second
 
 var (
 	atftpOACK = regexp.MustCompile(`(?i)blksize[:= ]+(\d+)`)
@@ -77,10 +32,10 @@ var (
 )
 
 func TestRealClients(t *testing.T) {
-	needRoot(t, "atftp", "tftp", "curl")
-	l := newLink(t, 1, 1500)
+	testreq.Root(t, "network namespaces", "ip", "atftp", "tftp", "curl")
+	l := testkit.NewLink(t, "kbt-t", netip.MustParsePrefix("10.72.1.0/24"), 1500)
 	root := rootWithEscape(t)
-	s, _ := startServer(t, Config{Root: root}, l.hostIP+":0")
+	s, _ := startServer(t, Config{Root: root}, l.HostIP+":0")
 	p := strconv.Itoa(port(s))
 	dir := t.TempDir()
 	want := ipxebin.Files["ipxe.efi"]
@@ -94,8 +49,8 @@ func TestRealClients(t *testing.T) {
 
 	t.Run("atftp blksize", func(t *testing.T) {
 		for _, tc := range []struct{ ask, want string }{{"512", "512"}, {"1468", "1468"}, {"8192", "1468"}} {
-			out, err := l.inNS(dir, "atftp", "--trace", "--option", "blksize "+tc.ask, "--option", "tsize 0",
-				"-g", "-r", "ipxe.efi", "-l", "atftp-"+tc.ask, l.hostIP, p)
+			out, err := l.Exec(clientTimeout, dir, "atftp", "--trace", "--option", "blksize "+tc.ask, "--option", "tsize 0",
+				"-g", "-r", "ipxe.efi", "-l", "atftp-"+tc.ask, l.HostIP, p)
 			if err != nil {
 				t.Fatalf("atftp blksize %s: %v\n%s", tc.ask, err, out)
 			}
@@ -108,8 +63,8 @@ func TestRealClients(t *testing.T) {
 	})
 	t.Run("curl blksize", func(t *testing.T) {
 		for _, tc := range []struct{ ask, want string }{{"512", "512"}, {"1468", "1468"}, {"8192", "1468"}} {
-			out, err := l.inNS(dir, "curl", "-sS", "-v", "--tftp-blksize", tc.ask, "-o", "curl-"+tc.ask,
-				"tftp://"+l.hostIP+":"+p+"/ipxe.efi")
+			out, err := l.Exec(clientTimeout, dir, "curl", "-sS", "-v", "--tftp-blksize", tc.ask, "-o", "curl-"+tc.ask,
+				"tftp://"+l.HostIP+":"+p+"/ipxe.efi")
 			if err != nil {
 				t.Fatalf("curl blksize %s: %v\n%s", tc.ask, err, out)
 			}
@@ -120,14 +75,14 @@ func TestRealClients(t *testing.T) {
 		}
 	})
 	t.Run("tftp-hpa plain", func(t *testing.T) {
-		out, err := l.inNS(dir, "tftp", "-m", "binary", l.hostIP, p, "-c", "get", "ipxe.efi", "hpa")
+		out, err := l.Exec(clientTimeout, dir, "tftp", "-m", "binary", l.HostIP, p, "-c", "get", "ipxe.efi", "hpa")
 		if err != nil {
 			t.Fatalf("tftp-hpa: %v\n%s", err, out)
 		}
 		check(t, "hpa")
 	})
 	t.Run("root file", func(t *testing.T) {
-		out, err := l.inNS(dir, "curl", "-sS", "tftp://"+l.hostIP+":"+p+"/sub/hello.txt")
+		out, err := l.Exec(clientTimeout, dir, "curl", "-sS", "tftp://"+l.HostIP+":"+p+"/sub/hello.txt")
 		if err != nil || out != "hello from root\n" {
 			t.Fatalf("curl root file: %v %q", err, out)
 		}
@@ -148,17 +103,17 @@ func TestRealClients(t *testing.T) {
 			name := tc.name
 			dst := "trav-" + strings.NewReplacer("/", "_", ".", "_").Replace(name)
 			outs := []string{}
-			out, err := l.inNS(dir, "atftp", "-g", "-r", name, "-l", dst+"-a", l.hostIP, p)
+			out, err := l.Exec(clientTimeout, dir, "atftp", "-g", "-r", name, "-l", dst+"-a", l.HostIP, p)
 			outs = append(outs, out)
 			if err == nil {
 				t.Errorf("atftp %q: succeeded", name)
 			}
-			out, err = l.inNS(dir, "curl", "-sS", "--path-as-is", "-o", dst+"-c", "tftp://"+l.hostIP+":"+p+"/"+name)
+			out, err = l.Exec(clientTimeout, dir, "curl", "-sS", "--path-as-is", "-o", dst+"-c", "tftp://"+l.HostIP+":"+p+"/"+name)
 			outs = append(outs, out)
 			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != tc.curl {
 				t.Errorf("curl %q: want exit %d, got %v", name, tc.curl, err)
 			}
-			out, _ = l.inNS(dir, "tftp", "-m", "binary", l.hostIP, p, "-c", "get", name, dst+"-h")
+			out, _ = l.Exec(clientTimeout, dir, "tftp", "-m", "binary", l.HostIP, p, "-c", "get", name, dst+"-h")
 			outs = append(outs, out)
 			if strings.TrimSpace(out) != tc.hpa {
 				t.Errorf("tftp-hpa %q: %q, want %q", name, out, tc.hpa)
@@ -173,13 +128,13 @@ func TestRealClients(t *testing.T) {
 	})
 	t.Run("WRQ refused", func(t *testing.T) {
 		must(t, os.WriteFile(filepath.Join(dir, "up.bin"), []byte("data"), 0o644))
-		if out, err := l.inNS(dir, "atftp", "-p", "-l", "up.bin", "-r", "up-a.bin", l.hostIP, p); err == nil {
+		if out, err := l.Exec(clientTimeout, dir, "atftp", "-p", "-l", "up.bin", "-r", "up-a.bin", l.HostIP, p); err == nil {
 			t.Errorf("atftp put succeeded: %s", out)
 		}
-		if out, err := l.inNS(dir, "curl", "-sS", "-T", "up.bin", "tftp://"+l.hostIP+":"+p+"/up-c.bin"); err == nil {
+		if out, err := l.Exec(clientTimeout, dir, "curl", "-sS", "-T", "up.bin", "tftp://"+l.HostIP+":"+p+"/up-c.bin"); err == nil {
 			t.Errorf("curl put succeeded: %s", out)
 		}
-		out, _ := l.inNS(dir, "tftp", "-m", "binary", l.hostIP, p, "-c", "put", "up.bin", "up-h.bin")
+		out, _ := l.Exec(clientTimeout, dir, "tftp", "-m", "binary", l.HostIP, p, "-c", "put", "up.bin", "up-h.bin")
 		if !strings.Contains(strings.ToLower(out), "error") {
 			t.Errorf("tftp-hpa put: no error: %q", out)
 		}
@@ -191,7 +146,7 @@ func TestRealClients(t *testing.T) {
 	})
 	t.Run("missing file fast", func(t *testing.T) {
 		start := time.Now()
-		_, err := l.inNS(dir, "curl", "-sS", "-o", "x", "tftp://"+l.hostIP+":"+p+"/autoexec.ipxe")
+		_, err := l.Exec(clientTimeout, dir, "curl", "-sS", "-o", "x", "tftp://"+l.HostIP+":"+p+"/autoexec.ipxe")
 		if err == nil {
 			t.Fatal("missing file fetched")
 		}
@@ -203,11 +158,11 @@ func TestRealClients(t *testing.T) {
 
 // Large blocks need the opt-in and a link that carries them (MTU 9000 here).
 func TestRealClientJumboOptIn(t *testing.T) {
-	needRoot(t, "atftp")
-	l := newLink(t, 4, 9000)
-	s, _ := startServer(t, Config{MaxBlockSize: 8192, AllowLargeBlocks: true}, l.hostIP+":0")
+	testreq.Root(t, "network namespaces", "ip", "atftp")
+	l := testkit.NewLink(t, "kbt-t", netip.MustParsePrefix("10.72.4.0/24"), 9000)
+	s, _ := startServer(t, Config{MaxBlockSize: 8192, AllowLargeBlocks: true}, l.HostIP+":0")
 	dir := t.TempDir()
-	out, err := l.inNS(dir, "atftp", "--trace", "--option", "blksize 8192", "-g", "-r", "ipxe.efi", "-l", "j", l.hostIP, strconv.Itoa(port(s)))
+	out, err := l.Exec(clientTimeout, dir, "atftp", "--trace", "--option", "blksize 8192", "-g", "-r", "ipxe.efi", "-l", "j", l.HostIP, strconv.Itoa(port(s)))
 	if err != nil {
 		t.Fatalf("atftp: %v\n%s", err, out)
 	}

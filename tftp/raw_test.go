@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	ipxebin "github.com/tinkerbell/ipxedust/binary"
+
+	"kiln/deploy/lab/testkit"
 )
 
 // startServer runs a Server on a fresh UDP socket bound to bind ("127.0.0.1:0" etc.).
@@ -173,8 +175,8 @@ func TestPlainRRQGetsDataNoOACK(t *testing.T) {
 	if !bytes.Equal(got, ipxebin.Files["ipxe.efi"]) {
 		t.Fatalf("content mismatch: got %d bytes want %d", len(got), len(ipxebin.Files["ipxe.efi"]))
 	}
-	waitCounter(t, reg, "kiln_tftp_transfers_total", map[string]string{"class": "ipxe", "result": "ok"}, 1)
-	waitCounter(t, reg, "kiln_tftp_sent_bytes_total", map[string]string{"class": "ipxe"}, float64(len(got)))
+	waitCounter(t, reg, "kiln_tftp_transfers_total", 1, "class", "ipxe", "result", "ok")
+	waitCounter(t, reg, "kiln_tftp_sent_bytes_total", float64(len(got)), "class", "ipxe")
 }
 
 func TestOnlyRequestedOptionsAcknowledged(t *testing.T) {
@@ -260,7 +262,7 @@ func TestAbortedTsizeProbeThenFreshRRQ(t *testing.T) {
 	if got := c2.fetch(p, 1468); !bytes.Equal(got, ipxebin.Files["ipxe.efi"]) {
 		t.Fatal("content mismatch after aborted probe")
 	}
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "ipxe", "reason": "aborted"}, 1)
+	waitCounter(t, reg, "kiln_tftp_errors_total", 1, "class", "ipxe", "reason", "aborted")
 }
 
 func TestMissingFileImmediateError(t *testing.T) {
@@ -278,7 +280,7 @@ func TestMissingFileImmediateError(t *testing.T) {
 	if string(p) != "\x00\x05\x00\x01file not found\x00" {
 		t.Fatalf("want ERROR 1 \"file not found\", got %q", p)
 	}
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "other", "reason": "not_found"}, 1)
+	waitCounter(t, reg, "kiln_tftp_errors_total", 1, "class", "other", "reason", "not_found")
 }
 
 // rootWithEscape builds a root holding a served file, an in-root symlink and
@@ -346,7 +348,7 @@ func TestHostilePathsAndWRQRefused(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.cfg.Root, "upload.bin")); err == nil {
 		t.Fatal("WRQ created a file")
 	}
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "other", "reason": "write_refused"}, 1)
+	waitCounter(t, reg, "kiln_tftp_errors_total", 1, "class", "other", "reason", "write_refused")
 }
 
 // The reply must come from the address the RRQ was sent to, not the
@@ -382,9 +384,9 @@ func TestConcurrentTransfersBounded(t *testing.T) {
 	if string(p) != "\x00\x05\x00\x00server busy\x00" {
 		t.Fatalf("third transfer: want ERROR 0 \"server busy\", got %q", p)
 	}
-	waitCounter(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "other", "reason": "busy"}, 1)
+	waitCounter(t, reg, "kiln_tftp_errors_total", 1, "class", "other", "reason", "busy")
 	// Once the stalled ones time out, a slot frees up.
-	for i := 0; sample(t, reg, "kiln_tftp_active_transfers", nil) > 0; i++ {
+	for i := 0; testkit.Sample(t, reg, "kiln_tftp_active_transfers") > 0; i++ {
 		if i > 200 {
 			t.Fatal("stalled transfers never timed out")
 		}
@@ -441,46 +443,15 @@ func TestConfigValidate(t *testing.T) {
 }
 
 // waitCounter polls reg until the sample with labels reaches want.
-func waitCounter(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string, want float64) {
+func waitCounter(t testing.TB, reg *prometheus.Registry, name string, want float64, labels ...string) {
 	t.Helper()
 	var got float64
 	for i := 0; i < 100; i++ {
-		got = sample(t, reg, name, labels)
+		got = testkit.Sample(t, reg, name, labels...)
 		if got >= want {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("%s%v = %v, want >= %v", name, labels, got, want)
-}
-
-func sample(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue next
-				}
-			}
-			if m.Counter != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
 }

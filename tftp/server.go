@@ -29,7 +29,7 @@ const (
 )
 
 // EmbeddedNames are the iPXE binaries served from memory, by the names DHCP
-// hands out as the boot file (DESIGN.md "Boot flow").
+// hands out as the boot file (top-level DESIGN.md "Boot flow").
 var EmbeddedNames = []string{"undionly.kpxe", "ipxe.efi", "snp.efi"}
 
 // Server is a read-only TFTP server (RFC 1350 with the option extension of

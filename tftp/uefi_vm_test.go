@@ -3,7 +3,6 @@ package tftp
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"kiln/deploy/lab/qemuvm"
+	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 )
 
 // TestUEFIPXEFetchesIPXE boots OVMF with EDK2's own PXE client (NIC
@@ -19,11 +20,11 @@ import (
 // the test passes when the real firmware has fetched it — including its
 // tsize probe — and iPXE has started from it.
 func TestUEFIPXEFetchesIPXE(t *testing.T) {
-	needRoot(t, "qemu-system-x86_64", "dnsmasq")
+	testreq.Root(t, "network namespaces and a tap device", "ip", "qemu-system-x86_64", "dnsmasq")
 	dir := t.TempDir()
 	firmware := qemuvm.OVMF(t, filepath.Join(dir, "vars.fd"))
 
-	id := fmt.Sprintf("%d%d", os.Getpid()%10000, nsSeq.Add(1))
+	id := testkit.ID()
 	lan := qemuvm.NewNet(t, qemuvm.Net{NS: "kbt-u" + id, Host: "kbtuh" + id, Peer: "kbtuc" + id, Bridge: "kbtub" + id,
 		Tap: "kbtut" + id, HostCIDR: "10.72.6.1/24", BridgeCIDR: "10.72.6.2/24"})
 
@@ -53,8 +54,8 @@ func TestUEFIPXEFetchesIPXE(t *testing.T) {
 		t.Fatalf("iPXE did not start within 150 s; serial:\n%s\ndnsmasq:\n%s", qemuvm.Tail(b, 3000), qemuvm.Tail(lg, 3000))
 	}
 	t.Logf("EDK2 PXE fetched ipxe.efi from Kiln TFTP and iPXE started after %s", time.Since(start).Round(time.Second))
-	if n := sample(t, reg, "kiln_tftp_transfers_total", map[string]string{"class": "ipxe", "result": "ok"}); n < 1 {
+	if n := testkit.Sample(t, reg, "kiln_tftp_transfers_total", "class", "ipxe", "result", "ok"); n < 1 {
 		t.Errorf("ipxe transfers ok = %v", n)
 	}
-	t.Logf("aborted (tsize probes) = %v", sample(t, reg, "kiln_tftp_errors_total", map[string]string{"class": "ipxe", "reason": "aborted"}))
+	t.Logf("aborted (tsize probes) = %v", testkit.Sample(t, reg, "kiln_tftp_errors_total", "class", "ipxe", "reason", "aborted"))
 }

@@ -25,7 +25,8 @@ const (
 	ArgToken   = "kiln.token"
 )
 
-// Step names of the gated build (DESIGN.md "The gated build"), plus inspect and erase.
+// Step names of the gated build (top-level DESIGN.md "The gated build"), plus
+// inspect and erase.
 const (
 	StepInspect  = "inspect"
 	StepCheck    = "check"

@@ -21,7 +21,7 @@ import (
 
 	"kiln/api"
 	"kiln/api/agentapi"
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
 	"kiln/store"
 )
 

@@ -14,7 +14,8 @@ import (
 	"kiln/store"
 )
 
-// buildSteps is the gated build's order (DESIGN.md "The gated build").
+// buildSteps is the gated build's order (top-level DESIGN.md "The gated
+// build").
 var buildSteps = []string{agentapi.StepCheck, agentapi.StepWrite, agentapi.StepVerify,
 	agentapi.StepStage, agentapi.StepFinalize, agentapi.StepReboot}
 

@@ -14,7 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -38,17 +38,17 @@ type Boot struct {
 var netbootStates = []store.MachineState{store.StateRegistered, store.StateDiscovered, store.StateInspecting,
 	store.StateAvailable, store.StateProvisioning, store.StateErasing}
 
-// BootFor decides what the machine whose NIC has mac boots (DESIGN.md "Boot
-// flow", step 4): the agent with a new per-boot token for machines in
-// registered, discovered, inspecting, available, provisioning (build not
-// yet complete) or erasing with netboot allowed; the local disk for
-// provisioned, failed, quarantined, retired or netboot=false; for an
-// unknown MAC, a new discovered record (UnknownMachines=discover, within
-// the discovery rate and cap) or the local disk (exit, or discovery
-// refused). A provisioning machine whose build completed (finalize
-// succeeded; this is its post-build reboot) gets the local disk and
-// becomes provisioned (reason booted_local_disk, actor controller); it is
-// never handed the agent again.
+// BootFor decides what the machine whose NIC has mac boots (top-level
+// DESIGN.md "Boot flow", step 4; DESIGN.md "The boot guard"): the agent with
+// a new per-boot token for machines in registered, discovered, inspecting,
+// available, provisioning (build not yet complete) or erasing with netboot
+// allowed; the local disk for provisioned, failed, quarantined, retired or
+// netboot=false; for an unknown MAC, a new discovered record
+// (UnknownMachines=discover, within the discovery rate and cap) or the local
+// disk (exit, or discovery refused). A provisioning machine whose build
+// completed (finalize succeeded; this is its post-build reboot) gets the
+// local disk and becomes provisioned (reason booted_local_disk, actor
+// controller); it is never handed the agent again.
 //
 // A live agent is never displaced: while the machine's agent has been
 // heard from within AgentLiveWindow (see holdBoot), BootFor issues no
@@ -367,10 +367,10 @@ func (c *Controller) VerifyAgentToken(machineID, token string) bool {
 var tokenArg = regexp.MustCompile(`(?i)(kiln\.token=|bearer\s+)\S+`)
 
 // sanitize makes agent or BMC text safe to store and show: valid UTF-8,
-// every character free text may not hold (intake.TextRune) replaced by a
+// every character free text may not hold (rules.TextRune) replaced by a
 // space, tokens redacted. Length is the caller's (truncate).
 func sanitize(s string) string {
-	s = intake.SanitizeText(s, -1)
+	s = rules.SanitizeText(s, -1)
 	s = tokenArg.ReplaceAllString(s, "${1}REDACTED")
 	return strings.TrimSpace(s)
 }

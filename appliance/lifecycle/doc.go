@@ -1,7 +1,8 @@
-// Package lifecycle is the machine lifecycle controller (DESIGN.md
-// "Lifecycle", "The gated build"): it owns every machine state transition
-// except those an operator requests through it, drives BMC jobs, decides what
-// a network-booting machine boots (BootFor), answers the in-RAM agent
+// Package lifecycle is the machine lifecycle controller (top-level DESIGN.md
+// "Lifecycle", "The gated build"; this directory's DESIGN.md "Transitions and
+// their owners"): it owns every machine state transition except those an
+// operator requests through it, drives BMC jobs, decides what a
+// network-booting machine boots (BootFor), answers the in-RAM agent
 // (AgentRegister, AgentTask, AgentReport), enforces step deadlines and
 // computes the intended-vs-discovered hardware difference under a per-field
 // block/warn policy.
@@ -22,33 +23,33 @@
 //
 // A provisioning machine whose Reason is build_complete has its image
 // written, verified, staged and finalized; the agent then reboots it
-// (DESIGN.md "The gated build", step 6). It stays provisioning until it is
-// seen booting its disk: the post-reboot iPXE fetch of /ipxe/{mac} reaches
-// BootFor, which answers "exit to the local disk" (never the agent again)
-// and records provisioned. Machines that boot their disk first never
-// netboot, so the loop moves them after RebootTimeout (default 3 min from
-// the build's completion, Step.Deadline) instead of failing them. The
-// agent's reboot report is recorded and keeps that deadline; a failed
+// (top-level DESIGN.md "The gated build", step 6). It stays provisioning
+// until it is seen booting its disk: the post-reboot iPXE fetch of
+// /ipxe/{mac} reaches BootFor, which answers "exit to the local disk" (never
+// the agent again) and records provisioned. Machines that boot their disk
+// first never netboot, so the loop moves them after RebootTimeout (default 3
+// min from the build's completion, Step.Deadline) instead of failing them.
+// The agent's reboot report is recorded and keeps that deadline; a failed
 // build step (reboot included) still fails the machine.
 //
-// Per-boot tokens and live agents (DESIGN.md "Boot flow" step 4, "Safety
-// rules"): BootFor never displaces a running agent. While the machine's
+// Per-boot tokens and live agents (DESIGN.md "The boot guard", "Agent
+// liveness"): BootFor never displaces a running agent. While the machine's
 // agent has been heard from (register, task poll, report) within
-// Controller.AgentLiveWindow = max(AgentStaleAfter, 2×AgentHeartbeat) —
-// so a long write heartbeating every AgentHeartbeat stays live — BootFor
-// issues no token, leaves Machine.BootTokenHash alone and returns
-// ErrAgentActive. The appliance's httpboot backend passes that error on;
-// httpboot answers any backend error with its wait-and-retry script (sleep,
-// then chain /ipxe/{mac} again), which is exactly the wanted behaviour: a
-// machine that really rebooted gets a fresh token once the agent is stale.
-// Liveness memory is per node (the node whose boot URL the agent was given
-// hears it); a node that neither issued nor verified the current token
-// nor heard the agent uses the replicated evidence (Machine.Step written
-// by an agent step within the window) and otherwise holds the boot from
-// its first unsure request for at most one window, so a genuine boot is
-// delayed, never blocked. A BMC power action by this node ends the agent
-// (the hold stops at once). Machines with no token outstanding, machines
-// booting their disk and the DHCP path are unaffected.
+// Controller.AgentLiveWindow = max(AgentStaleAfter, 2×AgentHeartbeat) — so a
+// long write heartbeating every AgentHeartbeat stays live — BootFor issues no
+// token, leaves Machine.BootTokenHash alone and returns ErrAgentActive. The
+// appliance's httpboot backend passes that error on; httpboot answers any
+// backend error with its wait-and-retry script (sleep, then chain /ipxe/{mac}
+// again), which is exactly the wanted behaviour: a machine that really
+// rebooted gets a fresh token once the agent is stale. Liveness memory is per
+// node (the node whose boot URL the agent was given hears it); a node that
+// neither issued nor verified the current token nor heard the agent uses the
+// replicated evidence (Machine.Step written by an agent step within the
+// window) and otherwise holds the boot from its first unsure request for at
+// most one window, so a genuine boot is delayed, never blocked. A BMC power
+// action by this node ends the agent (the hold stops at once). Machines with
+// no token outstanding, machines booting their disk and the DHCP path are
+// unaffected.
 //
 // Discovery limits: BootFor records unknown MACs (UnknownMachines=discover)
 // at most DiscoverRate per second after a burst of DiscoverBurst (a token

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/testkit"
 	"kiln/store"
 	"kiln/store/storetest"
 )
@@ -285,53 +286,15 @@ func isIllegal(err error, from, to store.MachineState) bool {
 	return errors.As(err, &ite) && ite.From == from && ite.To == to
 }
 
-// metric gathers the registry and returns the value of the series of name
-// with the given label pairs (gauge, counter, or a histogram's count).
+// metric returns the value of the series of name with the given label
+// pairs (testkit.Sample: gauge, counter, or a histogram's count).
 func (h *harness) metric(name string, labels ...string) float64 {
 	h.t.Helper()
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			switch {
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return 0
+	return testkit.Sample(h.t, h.reg, name, labels...)
 }
 
 // series counts the series of metric name.
 func (h *harness) series(name string) int {
 	h.t.Helper()
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return len(mf.GetMetric())
-		}
-	}
-	return 0
+	return testkit.Series(h.t, h.reg, name)
 }

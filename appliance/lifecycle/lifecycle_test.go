@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"kiln/api/agentapi"
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
 	"kiln/store"
 )
 

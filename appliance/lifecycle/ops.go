@@ -11,7 +11,8 @@ import (
 	"sort"
 	"strings"
 
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -79,7 +80,7 @@ func (c *Controller) checkClaim(cl store.Claim) error {
 		return fmt.Errorf("%w: claim.image is required", ErrInvalid)
 	}
 	if cl.Hostname != "" {
-		if err := intake.CheckHostname(cl.Hostname); err != nil {
+		if err := rules.CheckHostname(cl.Hostname); err != nil {
 			return fmt.Errorf("%w: claim.hostname: %v", ErrInvalid, err)
 		}
 	}
@@ -326,7 +327,7 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 	if !bmcDrivers[b.Driver] {
 		return store.BMC{}, fmt.Errorf("%w: driver %q: want redfish, ipmi or auto", ErrInvalid, b.Driver)
 	}
-	if err := intake.CheckHostPort(b.Address); err != nil {
+	if err := rules.CheckHostPort(b.Address); err != nil {
 		return store.BMC{}, fmt.Errorf("%w: address: %v", ErrInvalid, err)
 	}
 	if b.Username == "" {

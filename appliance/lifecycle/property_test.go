@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/testkit"
 	"kiln/store"
 )
 
@@ -321,7 +321,7 @@ func (k *checker) check(t *testing.T, i int, op string, g *guardStore, c *Contro
 	if k.steps != accepted {
 		t.Fatalf("step %d (%s): %d step events for %d accepted reports", i, op, k.steps, accepted)
 	}
-	if metric := sumMetric(t, reg, "kiln_lifecycle_transitions_total"); int(metric) != k.transitions {
+	if metric := testkit.Sample(t, reg, "kiln_lifecycle_transitions_total"); int(metric) != k.transitions {
 		t.Fatalf("step %d (%s): metric counts %v transitions, events %d", i, op, metric, k.transitions)
 	}
 	for id, want := range k.cur {
@@ -346,23 +346,4 @@ func (k *checker) check(t *testing.T, i int, op string, g *guardStore, c *Contro
 			}
 		}
 	}
-}
-
-// sumMetric sums every series of counter name in reg.
-func sumMetric(t *testing.T, reg interface {
-	Gather() ([]*dto.MetricFamily, error)
-}, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
 }

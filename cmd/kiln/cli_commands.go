@@ -26,7 +26,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln/api"
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -583,11 +583,11 @@ func printEvents(w io.Writer, tw *tabwriter.Writer, format string, el api.EventL
 }
 
 // oneLine makes s fit one table cell: characters free text may not hold
-// (intake.TextRune: tabs, newlines, other controls) become spaces and it is
+// (rules.TextRune: tabs, newlines, other controls) become spaces and it is
 // cut to max runes with "…".
 func oneLine(s string, max int) string {
 	r := []rune(strings.Map(func(c rune) rune {
-		if !intake.TextRune(c) {
+		if !rules.TextRune(c) {
 			return ' '
 		}
 		return c

@@ -12,7 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/rules"
 )
 
 // Output formats of -o.
@@ -106,12 +106,12 @@ func row(tw io.Writer, cols ...any) {
 }
 
 // termSafe returns s with every character that free text may not hold
-// (intake.TextRune: control characters such as ESC, NUL, TAB and newline,
+// (rules.TextRune: control characters such as ESC, NUL, TAB and newline,
 // U+2028/U+2029 and the bidirectional controls such as U+202E) written as a
 // visible Go-style escape (\x1b, \n, \u202e), and every byte of invalid
-// UTF-8 as \xNN. Text that passes intake.Printable is returned unchanged.
+// UTF-8 as \xNN. Text that passes rules.Printable is returned unchanged.
 func termSafe(s string) string {
-	if intake.Printable(s) {
+	if rules.Printable(s) {
 		return s
 	}
 	var b strings.Builder
@@ -120,7 +120,7 @@ func termSafe(s string) string {
 		switch {
 		case r == utf8.RuneError && n == 1:
 			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case intake.TextRune(r):
+		case rules.TextRune(r):
 			b.WriteString(s[i : i+n])
 		default:
 			q := strconv.QuoteRune(r) // '\x1b', '\n', '\u202e'

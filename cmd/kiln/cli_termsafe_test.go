@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"kiln/appliance/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -22,7 +22,7 @@ func TestCLITableNeverPrintsControlCharacters(t *testing.T) {
 	for _, args := range [][]string{{"machines", "list"}, {"events"}} {
 		out := e.admin(args...)
 		for _, r := range out {
-			if r != '\n' && !intake.TextRune(r) {
+			if r != '\n' && !rules.TextRune(r) {
 				t.Fatalf("kiln %v printed %U raw:\n%q", args, r, out)
 			}
 		}

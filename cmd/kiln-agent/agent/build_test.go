@@ -218,7 +218,7 @@ func compress(t *testing.T, format string, b []byte) []byte {
 // TestProvisionGoodWrite: the full gated build on a loop device for GPT/MBR images in each
 // format; the image range and the cidata volume are checked from the host side.
 func TestProvisionGoodWrite(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4", "mdir", "mcopy", "fsck.fat", "sgdisk", "debugfs")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4", "mdir", "mcopy", "fsck.fat", "sgdisk", "debugfs")
 	for _, tc := range []struct{ label, format string }{{"gpt", "raw"}, {"dos", "gzip"}, {"gpt", "zstd"}} {
 		t.Run(tc.label+"-"+tc.format, func(t *testing.T) {
 			img := buildImage(t, tc.label, 8, "marker-"+tc.label)
@@ -270,7 +270,7 @@ func TestProvisionGoodWrite(t *testing.T) {
 // TestProvisionCorruptStream: a byte flipped mid-stream on every fetch → one rewrite, then
 // digest_mismatch.
 func TestProvisionCorruptStream(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "corrupt")
 	fa := newFakeAppliance(t)
 	bad := bytes.Clone(img)
@@ -294,7 +294,7 @@ func TestProvisionCorruptStream(t *testing.T) {
 // TestProvisionTruncatedResumed: the first response is cut at 40%; the agent resumes with
 // Range and the build succeeds.
 func TestProvisionTruncatedResumed(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "resume")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -326,7 +326,7 @@ func TestProvisionTruncatedResumed(t *testing.T) {
 
 // TestProvisionDiskTooSmall: disk_too_small and not one byte of the disk changes.
 func TestProvisionDiskTooSmall(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "small")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -350,7 +350,7 @@ func TestProvisionDiskTooSmall(t *testing.T) {
 // TestProvisionForeignOS: a disk with a partition table fails foreign_os_present (untouched)
 // unless Wipe is set.
 func TestProvisionForeignOS(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "foreign")
 	for _, wipe := range []bool{false, true} {
 		t.Run("wipe="+strconv.FormatBool(wipe), func(t *testing.T) {
@@ -387,7 +387,7 @@ func TestProvisionForeignOS(t *testing.T) {
 // TestErase: random data erased (discard, then the overwrite fallback); the whole disk
 // reads zeros afterwards (checked here from the host).
 func TestErase(t *testing.T) {
-	needRoot(t)
+	testreq.Root(t, "loop devices", "losetup")
 	for _, method := range []string{"discard", "overwrite"} {
 		t.Run(method, func(t *testing.T) {
 			fill := bytes.Repeat([]byte{0xA5, 0x5A, 0x01, 0xFF}, 2<<20) // 8 MiB non-zero
@@ -414,7 +414,7 @@ func TestErase(t *testing.T) {
 // TestRetriesAndHeartbeats: registration answered 503 twice is retried; a slow image stream
 // produces running reports every Task.Heartbeat with rising progress.
 func TestRetriesAndHeartbeats(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "slow")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -456,7 +456,7 @@ func TestRetriesAndHeartbeats(t *testing.T) {
 // TestProvisionStalledStreamResumed: the first response stops sending (connection kept
 // open); the stall watchdog drops it and the agent resumes with Range.
 func TestProvisionStalledStreamResumed(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "stall")
 	fa := newFakeAppliance(t)
 	fa.images["img"] = img
@@ -500,7 +500,7 @@ func TestMessagesSanitized(t *testing.T) {
 
 // TestCheckGates: the remaining check-step gates, each with the disk left untouched.
 func TestCheckGates(t *testing.T) {
-	needRoot(t, "sfdisk", "mkfs.ext4")
+	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "gates")
 	for _, tc := range []struct {
 		name   string

@@ -1,6 +1,6 @@
 // Package agent is kiln-agent's engine: the agentapi protocol against the appliance
 // (register with inventory, poll for a Task, report every step) and the gated build
-// (DESIGN.md "The gated build") on a real block device:
+// (top-level DESIGN.md "The gated build") on a real block device:
 //
 //	check    disk by rule (serial, WWN, or the smallest non-removable disk of at least
 //	         MinSizeBytes), size ≥ image + cidata, health ("failing" fails; virtio reports

@@ -21,7 +21,6 @@ import (
 
 	"kiln/api/agentapi"
 	"kiln/cmd/kiln-agent/inventory"
-	"kiln/deploy/lab/testreq"
 )
 
 // fakeAppliance implements the agentapi endpoints minimally and serves images.
@@ -207,12 +206,6 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
-}
-
-func needRoot(t *testing.T, bins ...string) {
-	t.Helper()
-	testreq.Root(t, "loop devices")
-	testreq.Commands(t, append([]string{"losetup"}, bins...)...)
 }
 
 func run(t *testing.T, name string, args ...string) string {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"kiln/deploy/lab/benchline"
+	"kiln/deploy/lab/testkit"
+	"kiln/deploy/lab/testreq"
 	"kiln/dhcp"
 )
 
@@ -70,7 +72,7 @@ func benchRates(t *testing.T) []int {
 // (note=kea-memfile-no-fsync).
 func TestBenchDHCP(t *testing.T) {
 	benchline.Need(t, true, "ip", "ss", "curl", "perfdhcp", "kea-dhcp4")
-	bin := filepath.Join(repoRoot(t), "bin", "kiln")
+	bin := filepath.Join(testreq.RepoRoot(), "bin", "kiln")
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%v: build it first (make build; make bench does)", err)
 	}
@@ -162,8 +164,9 @@ func newNets(t *testing.T) *nets {
 	n := &nets{kilnNS: "kbd-" + id + "-k", keaNS: "kbd-" + id + "-e", cliNS: "kbd-" + id + "-c",
 		kilnIf: "kbd" + id + "k", keaIf: "kbd" + id + "e"}
 	for _, ns := range []string{n.kilnNS, n.keaNS, n.cliNS} {
-		_ = exec.Command("ip", "netns", "del", ns).Run() // leftovers of a killed run
-		run(t, "ip", "netns", "add", ns)
+		testkit.Netns(t, ns)
+		// Registered after Netns, so it runs before the namespace is deleted:
+		// a server or perfdhcp left inside is killed first.
 		t.Cleanup(func() {
 			out, _ := exec.Command("ip", "netns", "pids", ns).Output()
 			for _, f := range strings.Fields(string(out)) {
@@ -171,19 +174,14 @@ func newNets(t *testing.T) *nets {
 					_ = syscall.Kill(pid, syscall.SIGKILL)
 				}
 			}
-			_ = exec.Command("ip", "netns", "del", ns).Run()
 		})
-		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
 	}
 	for _, p := range []struct{ ns, ifname, cliIf, ip, cli string }{
 		{n.kilnNS, n.kilnIf, n.kilnIf + "c", kilnIP, kilnCli},
 		{n.keaNS, n.keaIf, n.keaIf + "c", keaIP, keaCli},
 	} {
-		run(t, "ip", "link", "add", p.ifname, "netns", p.ns, "type", "veth", "peer", "name", p.cliIf, "netns", n.cliNS)
-		run(t, "ip", "-n", p.ns, "addr", "add", p.ip+"/16", "dev", p.ifname)
-		run(t, "ip", "-n", p.ns, "link", "set", p.ifname, "up")
-		run(t, "ip", "-n", n.cliNS, "addr", "add", p.cli+"/16", "dev", p.cliIf)
-		run(t, "ip", "-n", n.cliNS, "link", "set", p.cliIf, "up")
+		testkit.Veth(t, testkit.VethEnd{NS: p.ns, Name: p.ifname, Addr: p.ip + "/16"},
+			testkit.VethEnd{NS: n.cliNS, Name: p.cliIf, Addr: p.cli + "/16"}, 0)
 	}
 	return n
 }
@@ -519,30 +517,6 @@ func waitFor(t *testing.T, what string, d time.Duration, detail func() string, o
 func lastLines(s string, n int) string {
 	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(ls[max(0, len(ls)-n):], "\n")
-}
-
-// repoRoot is the directory of go.mod above the test's working directory.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	must(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
-func run(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
 }
 
 func must(t *testing.T, err error) {

@@ -564,7 +564,7 @@ func startBMC(ctx context.Context, o Options, lab *labnet.Lab, disk string) (add
 
 // startRadvd answers IPv6 router solicitations on the provisioning network,
 // as a site's routers do. Without any router advertisement iPXE waits ~12 s
-// for IPv6 autoconfiguration on every boot (../shared/LAB.md). The RA carries
+// for IPv6 autoconfiguration on every boot (top-level DESIGN.md "The lab"). The RA carries
 // no default route and only a lab-local ULA prefix.
 func startRadvd(o Options, lab *labnet.Lab) error {
 	conf := filepath.Join(o.Work, "radvd.conf")

@@ -1,5 +1,6 @@
-// Package labnet builds the lab's network in Linux network namespaces, as in
-// ../shared/LAB.md, without touching the host's own interfaces:
+// Package labnet builds the lab's network in Linux network namespaces
+// (top-level DESIGN.md "The lab"), without touching the host's own
+// interfaces:
 //
 //	netns SRV   srv0 10.99.0.1/24 ──veth── srv0-p ─┐   (Kiln: DHCP/TFTP/HTTP)
 //	            bmc0 10.99.1.1/24 ──veth── bmc0-p 10.99.1.10/24 (BMC network, in LAN)

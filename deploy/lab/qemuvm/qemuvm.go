@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"kiln/deploy/lab/testkit"
 )
 
 // Errors of VM.Wait.
@@ -31,26 +33,15 @@ type Net struct {
 // delay, tap, all up) and removes it in t.Cleanup. It fails t on any ip error.
 func NewNet(t testing.TB, n Net) Net {
 	t.Helper()
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	ip("netns", "add", n.NS)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.NS).Run() })
-	ip("link", "add", n.Host, "type", "veth", "peer", "name", n.Peer)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", n.Host).Run() })
-	ip("link", "set", n.Peer, "netns", n.NS)
-	ip("addr", "add", n.HostCIDR, "dev", n.Host)
-	ip("link", "set", n.Host, "up")
-	ip("-n", n.NS, "link", "add", n.Bridge, "type", "bridge", "stp_state", "0", "forward_delay", "0")
-	ip("-n", n.NS, "addr", "add", n.BridgeCIDR, "dev", n.Bridge)
-	ip("-n", n.NS, "link", "set", n.Peer, "master", n.Bridge)
-	ip("-n", n.NS, "tuntap", "add", "dev", n.Tap, "mode", "tap")
-	ip("-n", n.NS, "link", "set", n.Tap, "master", n.Bridge)
-	for _, l := range []string{n.Peer, n.Tap, n.Bridge, "lo"} {
-		ip("-n", n.NS, "link", "set", l, "up")
+	testkit.Netns(t, n.NS)
+	testkit.Veth(t, testkit.VethEnd{Name: n.Host, Addr: n.HostCIDR}, testkit.VethEnd{NS: n.NS, Name: n.Peer}, 0)
+	testkit.IP(t, "-n", n.NS, "link", "add", n.Bridge, "type", "bridge", "stp_state", "0", "forward_delay", "0")
+	testkit.IP(t, "-n", n.NS, "addr", "add", n.BridgeCIDR, "dev", n.Bridge)
+	testkit.IP(t, "-n", n.NS, "link", "set", n.Peer, "master", n.Bridge)
+	testkit.IP(t, "-n", n.NS, "tuntap", "add", "dev", n.Tap, "mode", "tap")
+	testkit.IP(t, "-n", n.NS, "link", "set", n.Tap, "master", n.Bridge)
+	for _, l := range []string{n.Tap, n.Bridge} {
+		testkit.IP(t, "-n", n.NS, "link", "set", l, "up")
 	}
 	return n
 }

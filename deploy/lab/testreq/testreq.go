@@ -46,12 +46,14 @@ func Missing(t testing.TB, format string, args ...any) {
 }
 
 // Root requires the effective user to be root; why says what for (e.g.
-// "network namespaces").
-func Root(t testing.TB, why string) {
+// "network namespaces"). cmds are the host commands the test drives as root
+// (ip, losetup, ...), required as by Commands once root is.
+func Root(t testing.TB, why string, cmds ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		Missing(t, "needs root: %s", why)
 	}
+	Commands(t, cmds...)
 }
 
 // Commands requires each named command to be found by exec.LookPath (a name

@@ -17,6 +17,8 @@ func TestHelperMissing(t *testing.T) {
 	switch os.Getenv("KILN_TESTREQ_HELPER") {
 	case "command":
 		Commands(t, "kiln-no-such-command") // deps-check:absent (no package provides it, on purpose)
+	case "rootcommand":
+		Root(t, "the policy test", "sh", "kiln-no-such-command") // deps-check:absent (no package provides it, on purpose)
 	case "repofile":
 		RepoFile(t, "deploy/lab/testreq/no-such-file")
 	case "envdir":
@@ -25,8 +27,9 @@ func TestHelperMissing(t *testing.T) {
 	t.Log("requirement met")
 }
 
-// TestMissingPolicy: a missing host command skips without KILN_REQUIRE_ALL
-// and fails with KILN_REQUIRE_ALL=1; a missing repository file and an empty
+// TestMissingPolicy: a missing host command (on its own, or one a root test
+// drives, which also skips when not root) skips without KILN_REQUIRE_ALL and
+// fails with KILN_REQUIRE_ALL=1; a missing repository file and an empty
 // KILN_ENV_DIR fail either way.
 func TestMissingPolicy(t *testing.T) {
 	empty := t.TempDir()
@@ -36,6 +39,8 @@ func TestMissingPolicy(t *testing.T) {
 	}{
 		{"command", "", "", "--- SKIP"},
 		{"command", "1", "", "--- FAIL"},
+		{"rootcommand", "", "", "--- SKIP"},
+		{"rootcommand", "1", "", "--- FAIL"},
 		{"repofile", "", "", "--- FAIL"},
 		{"envdir", "", empty, "--- FAIL"},
 	} {

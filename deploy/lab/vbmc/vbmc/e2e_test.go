@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"kiln/bmc"
+	"kiln/deploy/lab/testkit"
 	"kiln/deploy/lab/testreq"
 	"kiln/deploy/lab/vbmc/vbmc"
 )
@@ -328,10 +329,10 @@ func TestQuirkSlowTimesOut(t *testing.T) {
 	if el > 2500*time.Millisecond {
 		t.Fatalf("took %v; 2 attempts of 500ms + backoff should end well before the BMC's 3s", el)
 	}
-	if v := metricValue(t, reg, "kiln_bmc_ops_total", map[string]string{"op": "power_state", "result": "timeout"}); v != 1 {
+	if v := testkit.Sample(t, reg, "kiln_bmc_ops_total", "op", "power_state", "result", "timeout"); v != 1 {
 		t.Fatalf("kiln_bmc_ops_total{result=timeout} = %v", v)
 	}
-	if v := metricValue(t, reg, "kiln_bmc_retries_total", nil); v != 1 {
+	if v := testkit.Sample(t, reg, "kiln_bmc_retries_total"); v != 1 {
 		t.Fatalf("kiln_bmc_retries_total = %v, want 1", v)
 	}
 }
@@ -439,36 +440,4 @@ func TestPasswordNeverAppears(t *testing.T) {
 			}
 		}
 	}
-}
-
-func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue next
-				}
-			}
-			if m.Counter != nil {
-				sum += m.Counter.GetValue()
-			}
-		}
-	}
-	return sum
 }

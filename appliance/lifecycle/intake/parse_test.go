@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -254,11 +255,11 @@ func FuzzParse(f *testing.F) {
 		}
 		withoutNIC := false
 		for _, m := range ms {
-			if CheckName(m.Name) != nil || m.State != store.StateRegistered || len(m.Intended.Disks) > maxDisks {
+			if rules.CheckName(m.Name) != nil || m.State != store.StateRegistered || len(m.Intended.Disks) > maxDisks {
 				t.Fatalf("invalid machine %+v", m)
 			}
 			for _, v := range []string{m.Intended.Serial, m.Intended.Vendor, m.Intended.Model, m.Site, m.Rack, m.RootDisk.Serial} {
-				if CheckText(v, MaxTextLen) != nil {
+				if rules.CheckText(v, rules.MaxTextLen) != nil {
 					t.Fatalf("field %q of %s", v, m.Name)
 				}
 			}

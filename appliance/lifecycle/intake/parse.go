@@ -16,6 +16,7 @@ import (
 	"strings"
 	"unicode"
 
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -389,7 +390,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	}
 	text := func(field string) string {
 		v := raw.vals[field]
-		if err := CheckText(v, MaxTextLen); err != nil {
+		if err := rules.CheckText(v, rules.MaxTextLen); err != nil {
 			bad(field, "%v", err)
 			return ""
 		}
@@ -397,7 +398,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 	}
 	m := store.Machine{State: store.StateRegistered}
 	m.Name = raw.vals["name"]
-	if err := CheckName(m.Name); err != nil {
+	if err := rules.CheckName(m.Name); err != nil {
 		bad("name", "%v", err)
 	}
 	m.Intended.Serial = text("serial")
@@ -414,7 +415,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		}
 	}
 	if v := raw.vals["bmc_address"]; v != "" {
-		if err := CheckHostPort(v); err != nil {
+		if err := rules.CheckHostPort(v); err != nil {
 			bad("bmc_address", "%v", err)
 		} else {
 			m.Intended.BMCAddress = v
@@ -517,7 +518,7 @@ func (raw rawRow) machine() (store.Machine, []RowError) {
 		}
 	}
 	for k, v := range labels {
-		if err := CheckLabel(k, v); err != nil {
+		if err := rules.CheckLabel(k, v); err != nil {
 			bad("labels", "%v", err)
 		}
 	}

@@ -1,5 +1,6 @@
 // Package intake turns a purchase record or rack plan into registered
-// machines with their intended fields (DESIGN.md "Machine records").
+// machines with their intended fields (top-level DESIGN.md "Machine
+// records").
 //
 // Three formats are read by Parse:
 //
@@ -18,14 +19,10 @@
 // Every bad row is reported with its line and field in *ErrRows; a file with
 // any bad row yields no machines ("a file with any bad row imports nothing").
 //
-// rules.go is the one home of the record field rules: machine names
-// (CheckName), free text (CheckText, TextRune: no control, line-separator or
-// bidirectional characters), labels (CheckLabel), host names
-// (CheckHostname), BMC addresses (CheckHostPort) and the sanitising of text
-// that comes from machines (SanitizeText). Import applies them to every
-// row; the REST API (package api) applies the same functions to its request
-// bodies, the lifecycle controller to claims and BMC enrolments, and the
-// kiln CLI escapes what TextRune refuses before printing a table.
+// Every field is checked by the domain's one set of field rules (package
+// kiln/appliance/lifecycle/rules: names, free text, labels, host names, BMC
+// addresses), the same functions the REST API and the lifecycle controller
+// apply, so a value an import accepts is one every later request accepts.
 //
 // MACs follow store.ParseMachineMAC (EUI-48, unicast, not all zeros) and are
 // normalised to lower-case colon form. The checks here are per row; that a

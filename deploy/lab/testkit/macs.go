@@ -1,4 +1,4 @@
-package storetest
+package testkit
 
 // MACCase is one MAC address and whether it is a NIC's address under
 // store.ParseMachineMAC (EUI-48, I/G bit clear, not all zeros).
@@ -9,9 +9,13 @@ type MACCase struct {
 }
 
 // MACCases is the table every MAC check of Kiln is compared against:
-// store.ParseMachineMAC (import, API) and the protocol layers' own tests
-// (dhcp, httpboot), which import nothing of Kiln's and so keep a copy of the
-// rule; their tests assert both agree on every case here.
+// store.ParseMachineMAC (import, API: store's TestParseMachineMAC, api's
+// TestMachineMACRule) and the protocol layers' own copies of the rule (dhcp
+// and httpboot import nothing of Kiln's, their tests included:
+// TestMACRuleAgreesWithStore in each). Each of them is asserted to give
+// every case's answer, so they agree with each other on every case here.
+// The table lives here, not in store/storetest, because the protocol
+// packages' tests may import the lab's packages but not the store.
 var MACCases = []MACCase{
 	{"52:54:00:12:34:56", true, "QEMU OUI, unicast"},
 	{"00:1b:21:aa:bb:cc", true, "Intel OUI, unicast"},

@@ -1,4 +1,4 @@
-package intake
+package rules
 
 import (
 	"errors"
@@ -11,14 +11,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 )
-
-// Field rules of machine records and of the records around them (sites,
-// racks, claims, images, BMC addresses). This file is their one home:
-// import (Parse), the REST API (package api, which may import intake) and
-// the lifecycle controller all call these functions, so a value one path
-// refuses every path refuses. Each Check function returns nil or an error
-// whose text says what is wrong with the value; the caller names the field
-// (a JSON path in the API, a column in an import row).
 
 // Limits of record fields, in bytes (UTF-8).
 const (

@@ -1,0 +1,5 @@
+package client
+
+import (
+	_ "kiln/api/agentapi"
+)

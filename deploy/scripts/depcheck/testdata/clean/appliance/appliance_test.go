@@ -1,0 +1,6 @@
+package appliance
+
+import (
+	_ "kiln/deploy/lab/testkit"
+	_ "kiln/store/storetest"
+)

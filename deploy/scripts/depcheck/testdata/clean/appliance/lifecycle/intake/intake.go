@@ -1,0 +1,6 @@
+package intake
+
+import (
+	_ "kiln/appliance/lifecycle/rules"
+	_ "kiln/store"
+)

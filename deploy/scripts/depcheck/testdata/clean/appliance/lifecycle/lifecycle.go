@@ -1,0 +1,7 @@
+package lifecycle
+
+import (
+	_ "kiln/api/agentapi"
+	_ "kiln/appliance/lifecycle/rules"
+	_ "kiln/store"
+)

@@ -1,0 +1,5 @@
+package agent
+
+import (
+	_ "kiln/api/agentapi"
+)

@@ -1,0 +1,6 @@
+package main
+
+import (
+	_ "kiln/api/agentapi"
+	_ "kiln/cmd/kiln-agent/agent"
+)

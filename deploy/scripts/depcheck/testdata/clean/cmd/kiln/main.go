@@ -1,0 +1,8 @@
+package main
+
+import (
+	_ "kiln/api"
+	_ "kiln/api/client"
+	_ "kiln/appliance"
+	_ "kiln/store"
+)

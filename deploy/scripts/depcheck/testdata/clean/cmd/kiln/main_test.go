@@ -1,0 +1,5 @@
+package main
+
+import (
+	_ "kiln/store/storetest"
+)

@@ -1,0 +1,5 @@
+package main
+
+import (
+	_ "kiln/deploy/lab/e2e"
+)

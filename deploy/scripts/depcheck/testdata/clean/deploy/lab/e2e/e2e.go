@@ -1,0 +1,8 @@
+package e2e
+
+import (
+	_ "kiln/api"
+	_ "kiln/api/client"
+	_ "kiln/deploy/lab/qemuvm"
+	_ "kiln/store"
+)

@@ -1,0 +1,5 @@
+package qemuvm
+
+import (
+	_ "kiln/deploy/lab/testkit"
+)

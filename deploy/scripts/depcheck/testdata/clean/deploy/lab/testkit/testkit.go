@@ -1,0 +1,5 @@
+package testkit
+
+import (
+	_ "testing"
+)

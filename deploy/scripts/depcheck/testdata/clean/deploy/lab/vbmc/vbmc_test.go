@@ -1,0 +1,6 @@
+package vbmc_test
+
+import (
+	_ "kiln/bmc"
+	_ "kiln/deploy/lab/vbmc"
+)

@@ -1,0 +1,5 @@
+package dhcp
+
+import (
+	_ "net/netip"
+)

@@ -1,0 +1,6 @@
+package store_test
+
+import (
+	_ "kiln/store"
+	_ "kiln/store/storetest"
+)

@@ -1,0 +1,5 @@
+package storetest
+
+import (
+	_ "kiln/store"
+)

@@ -1,0 +1,5 @@
+package tftp
+
+import (
+	_ "kiln/deploy/lab/qemuvm"
+)

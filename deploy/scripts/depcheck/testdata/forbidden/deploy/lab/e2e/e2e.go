@@ -1,0 +1,7 @@
+// The e2e flow drives the binaries over the API, never appliance in-process.
+package e2e
+
+import (
+	_ "kiln/appliance"
+	_ "kiln/store"
+)

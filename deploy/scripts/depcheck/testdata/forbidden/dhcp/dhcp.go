@@ -1,0 +1,6 @@
+// A protocol package importing the store.
+package dhcp
+
+import (
+	_ "kiln/store"
+)

@@ -1,0 +1,2 @@
+// A package at the module root.
+package kiln

@@ -1,0 +1,6 @@
+// A protocol package's test importing the store.
+package tftp
+
+import (
+	_ "kiln/store"
+)

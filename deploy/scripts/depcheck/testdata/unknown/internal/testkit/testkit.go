@@ -1,0 +1,2 @@
+// A folder the rules table does not know.
+package testkit
