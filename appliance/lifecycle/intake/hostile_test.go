@@ -2,28 +2,12 @@ package intake
 
 import (
 	"errors"
+	"kiln/deploy/lab/testkit"
 	"strings"
 	"testing"
 )
 
-// hostile are values that must never be stored as a name or free text (the
-// same values as rules_test.go, which tests the rules themselves): they
-// drive terminals (ESC, NUL, newlines), reorder what is shown (U+202E, the
-// "Trojan Source" bidirectional controls) or are not text at all.
-var hostile = map[string]string{
-	"NUL":      "a\x00b",
-	"ESC":      "esc\x1b[31mred",
-	"newline":  "two\nlines",
-	"CR":       "over\rwrite",
-	"tab":      "a\tb",
-	"DEL":      "a\x7fb",
-	"C1 CSI":   "a\u009bb",
-	"U+202E":   "rtl\u202eevil",
-	"U+2066":   "iso\u2066late",
-	"U+200F":   "rlm\u200fmark",
-	"U+2028":   "line\u2028sep",
-	"bad UTF8": "a\xffb",
-}
+var hostile = testkit.HostileText
 
 // Import applies the same rules: every hostile name and free-text value is
 // a bad row naming its column.
