@@ -126,14 +126,7 @@ func TestServeClusterLeaderSIGKILL(t *testing.T) {
 					return
 				default:
 				}
-				var m struct {
-					ID string `json:"id"`
-				}
-				mac := fmt.Sprintf("02:00:01:%02x:%02x:%02x", w, (i>>8)&0xff, i&0xff)
-				code, err := s.do("POST", "/v1/machines", map[string]any{
-					"name":     fmt.Sprintf("site-%d-%d", w, i),
-					"intended": map[string]any{"nics": []map[string]string{{"mac": mac}}},
-				}, &m)
+				m, code, err := s.createMachine(fmt.Sprintf("site-%d-%d", w, i), fmt.Sprintf("02:00:01:%02x:%02x:%02x", w, (i>>8)&0xff, i&0xff))
 				mu.Lock()
 				switch {
 				case err == nil && code == http.StatusCreated && m.ID != "":

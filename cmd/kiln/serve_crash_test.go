@@ -139,6 +139,18 @@ func (n *serveNode) start(t *testing.T) *served {
 // tests on 2 loaded cores under -race.
 const serveReadyWithin = 60 * time.Second
 
+// createMachine POSTs a machine with one NIC to s and returns its ID (empty
+// unless the answer is 201), the status code and a transport error.
+func (s *served) createMachine(name, mac string) (m struct {
+	ID string `json:"id"`
+}, code int, err error) {
+	code, err = s.do("POST", "/v1/machines", map[string]any{
+		"name":     name,
+		"intended": map[string]any{"nics": []map[string]string{{"mac": mac}}},
+	}, &m)
+	return m, code, err
+}
+
 func startServe(t *testing.T, bin, cfg string, dataDir string, apiAddr string) *served {
 	t.Helper()
 	s := &served{api: "http://" + apiAddr, log: &lockedBuffer{}}
@@ -238,14 +250,7 @@ func TestServeCrashKeepsAcknowledgedWrites(t *testing.T) {
 					return
 				default:
 				}
-				var m struct {
-					ID string `json:"id"`
-				}
-				mac := fmt.Sprintf("02:00:00:%02x:%02x:%02x", w, (i>>8)&0xff, i&0xff)
-				code, err := s.do("POST", "/v1/machines", map[string]any{
-					"name":     fmt.Sprintf("crash-%d-%d", w, i),
-					"intended": map[string]any{"nics": []map[string]string{{"mac": mac}}},
-				}, &m)
+				m, code, err := s.createMachine(fmt.Sprintf("crash-%d-%d", w, i), fmt.Sprintf("02:00:00:%02x:%02x:%02x", w, (i>>8)&0xff, i&0xff))
 				if err != nil {
 					return // the server is gone; this write was not acknowledged
 				}
