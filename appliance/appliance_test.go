@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -58,6 +59,14 @@ func (r running) do(t *testing.T, method, u string, body io.Reader) (int, []byte
 }
 
 // httpDo sends one request with a bearer token and returns status and body.
+// expectClient is the tests' HTTP client: the default transport, honouring
+// Expect: 100-continue.
+var expectClient = func() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.ExpectContinueTimeout = 5 * time.Second
+	return &http.Client{Transport: tr}
+}()
+
 func httpDo(t *testing.T, token, method, u, ctype string, body io.Reader) (int, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, u, body)
@@ -66,7 +75,14 @@ func httpDo(t *testing.T, token, method, u, ctype string, body io.Reader) (int, 
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", ctype)
-	resp, err := http.DefaultClient.Do(req)
+	if body != nil {
+		// A refused body is not waited for (the server answers and closes):
+		// with 100-continue the client sends the body only once the server
+		// asks for it, as curl does for uploads, instead of writing into a
+		// closed connection.
+		req.Header.Set("Expect", "100-continue")
+	}
+	resp, err := expectClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
