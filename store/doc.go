@@ -2,7 +2,7 @@
 // site, a raft log and stable store in bbolt (raft-boltdb/v2, file
 // raft.db), and an FSM whose state lives in its own bbolt file (fsm.db).
 //
-// It owns the records of types.go (Site, Rack, Machine, BMC, Image, Job,
+// It owns the records of records.go (Site, Rack, Machine, BMC, Image, Job,
 // Lease, secrets) and the event log (the audit trail and the feed central
 // pulls by cursor). It imports nothing of Kiln's.
 //

@@ -1,0 +1,167 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// ---- writes (each is one raft command; ctx bounds it together with
+// Config.ApplyTimeout; on a follower the command is forwarded) ----
+
+// one returns the single record a write stored. A write applied on this
+// node hands back the applied struct itself (recs[0], a *T) instead of
+// decoding its JSON again: that struct was decoded from the log entry's
+// JSON and apply changed only scalar fields, so it equals what GetMachine
+// & co. decode from the stored JSON (TestPutReturnsStoredRecord). A
+// forwarded write carries only the JSON (vals).
+func one[T any](vals []json.RawMessage, recs []any, err error) (T, error) {
+	var v T
+	if err != nil {
+		return v, err
+	}
+	if len(vals) != 1 {
+		return v, fmt.Errorf("store: expected 1 record in result, got %d", len(vals))
+	}
+	if len(recs) == 1 {
+		if p, ok := recs[0].(*T); ok {
+			return *p, nil
+		}
+	}
+	return v, json.Unmarshal(vals[0], &v)
+}
+
+// PutSite creates (empty ID → leader assigns "site-<16 hex>") or updates a
+// Site; CAS on ResourceVersion≠0. Returns the stored record. Errors:
+// ErrConflict, ErrNotFound (RV≠0 on a missing ID), ErrNotLeader.
+func (s *Store) PutSite(ctx context.Context, v Site, w W) (Site, error) {
+	return one[Site](s.write(ctx, &command{Type: CmdPutSite, W: w, Site: &v}))
+}
+
+// PutRack is PutSite for racks (IDs "rack-<hex>").
+func (s *Store) PutRack(ctx context.Context, v Rack, w W) (Rack, error) {
+	return one[Rack](s.write(ctx, &command{Type: CmdPutRack, W: w, Rack: &v}))
+}
+
+// PutMachine creates a machine (ID empty → leader assigns "m-<16 hex>"; or
+// ID given and absent, ResourceVersion 0) or updates one (CAS when
+// ResourceVersion≠0; empty State keeps the current one). A create may use
+// State registered (default) or discovered; a state change must satisfy
+// CanTransition, else *IllegalTransitionError, and emits a "transition"
+// event carrying w. NIC MACs are stored lower-case; a MAC held by another
+// machine gives ErrDuplicateMAC. A claim the write adds, or whose image it
+// changes, must name a stored image at the moment the write applies
+// (ErrInvalid otherwise), so a claim never names a deleted image (see
+// DeleteImage).
+func (s *Store) PutMachine(ctx context.Context, m Machine, w W) (Machine, error) {
+	return one[Machine](s.write(ctx, &command{Type: CmdPutMachinesV2, W: w, Machines: []Machine{m}}))
+}
+
+// PutMachines applies PutMachine to every element in ONE raft command,
+// all-or-nothing: the first refused element fails the whole call (its
+// index and ID are in the error). Returns the stored records in order.
+func (s *Store) PutMachines(ctx context.Context, ms []Machine, w W) ([]Machine, error) {
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	return machinesOut(s.write(ctx, &command{Type: CmdPutMachinesV2, W: w, Machines: ms}))
+}
+
+// ImportMachines creates every machine of ms in ONE raft command,
+// all-or-nothing: each must be new (ResourceVersion 0; empty ID → leader
+// assigns one; an existing ID is ErrConflict) and may not take a name, an
+// intended serial (case-insensitive), a BMC MAC or a NIC MAC that a stored
+// machine or an earlier element of ms holds (NIC and BMC MACs are one
+// space). The check runs inside the raft apply, so two concurrent imports
+// cannot both take a value. Errors: *ImportConflictError (wraps
+// ErrConflict; every conflict, by position in ms), ErrConflict, ErrInvalid
+// (a malformed MAC), *IllegalTransitionError (State other than registered
+// or discovered). Returns the stored records in order.
+func (s *Store) ImportMachines(ctx context.Context, ms []Machine, w W) ([]Machine, error) {
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	return machinesOut(s.write(ctx, &command{Type: CmdImportMachines, W: w, Machines: ms}))
+}
+
+// machinesOut is the []Machine of a machines write (see one).
+func machinesOut(vals []json.RawMessage, recs []any, err error) ([]Machine, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Machine, len(vals))
+	for i, v := range vals {
+		if len(recs) == len(vals) {
+			if p, ok := recs[i].(*Machine); ok {
+				out[i] = *p // see one
+				continue
+			}
+		}
+		if err := json.Unmarshal(v, &out[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// DeleteMachine removes machine id and its index entries (ErrNotFound if
+// absent) and emits a "deleted" event.
+func (s *Store) DeleteMachine(ctx context.Context, id string, w W) error {
+	_, _, err := s.write(ctx, &command{Type: CmdDeleteMachine, W: w, ID: id})
+	return err
+}
+
+// PutBMC is PutSite for BMC records (IDs "bmc-<hex>").
+func (s *Store) PutBMC(ctx context.Context, v BMC, w W) (BMC, error) {
+	return one[BMC](s.write(ctx, &command{Type: CmdPutBMC, W: w, BMC: &v}))
+}
+
+// PutSecret stores an already-sealed (encrypted) value under key. The
+// value never appears in events or logs.
+func (s *Store) PutSecret(ctx context.Context, key string, sealed []byte, w W) error {
+	_, _, err := s.write(ctx, &command{Type: CmdPutSecret, W: w, Key: key, Sealed: sealed})
+	return err
+}
+
+// PutImage is PutSite for catalog images (IDs "img-<hex>").
+func (s *Store) PutImage(ctx context.Context, v Image, w W) (Image, error) {
+	return one[Image](s.write(ctx, &command{Type: CmdPutImage, W: w, Image: &v}))
+}
+
+// DeleteImage removes image id: ErrNotFound if absent, ErrImageInUse
+// (naming a machine) while any machine's claim names it, in whatever state
+// (Release drops a claim). Checked inside the raft apply: a delete and a
+// claim of the same image racing each other never both succeed.
+func (s *Store) DeleteImage(ctx context.Context, id string, w W) error {
+	_, _, err := s.write(ctx, &command{Type: CmdDeleteImageV2, W: w, ID: id})
+	return err
+}
+
+// PutJob is PutSite for jobs (IDs "job-<hex>"); its event has kind "job"
+// and From/To = old/new Job.State.
+func (s *Store) PutJob(ctx context.Context, v Job, w W) (Job, error) {
+	return one[Job](s.write(ctx, &command{Type: CmdPutJob, W: w, Job: &v}))
+}
+
+// PutLeases upserts DHCP leases keyed by MAC in ONE raft command (batch
+// lease writes to save commits). Expiry is taken as given: the caller
+// (the DHCP server) fixes it before calling, never the FSM. A "lease"
+// event is appended only when a lease is new or changes IP or State.
+func (s *Store) PutLeases(ctx context.Context, ls []Lease) error {
+	if len(ls) == 0 {
+		return nil
+	}
+	_, _, err := s.write(ctx, &command{Type: CmdPutLeases, W: W{Actor: "dhcp"}, Leases: ls})
+	return err
+}
+
+// AppendEvents appends caller-made events (step reports, job progress) in
+// one command. Index, Seq and Time are fixed by the store (leader time).
+// Each event needs Subject and Kind (ErrInvalid).
+func (s *Store) AppendEvents(ctx context.Context, evs []Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	_, _, err := s.write(ctx, &command{Type: CmdAppendEvents, Events: evs})
+	return err
+}
