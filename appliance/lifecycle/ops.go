@@ -302,8 +302,10 @@ func reinspectAfterErase(m store.Machine) string {
 
 // Inspect (re)inspects a machine: registered, discovered, available
 // (unclaimed), failed or quarantined → inspecting (reason
-// inspection_requested). A running agent is told to inspect; with a BMC the
-// machine is PXE-booted. Errors: *StateError, store errors.
+// inspection_requested). An agent heard within AgentStaleAfter gets the
+// inspect task at its next poll (AgentTask) and registers again with its
+// inventory; otherwise, with a BMC, the machine is PXE-booted (boot_pxe,
+// power_cycle jobs). Errors: *StateError, store errors.
 func (c *Controller) Inspect(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	w = withDefaults(w, ReasonInspectionRequested)
 	now := c.now()
