@@ -8,23 +8,20 @@ import (
 
 	"kiln/api/agentapi"
 	"kiln/store"
+	"kiln/store/storetest"
 )
 
 // Issue 11, fixed on the way: an erase of a quarantined machine ends in a
 // new inspection, not in available; a re-inspection of a machine whose
-// agent runs is handed to that agent. Both against the real store
-// (openRealStore: one raft node over bbolt; storetest.NewLocal is not in
-// main yet).
+// agent runs is handed to that agent. Both against the real store's apply
+// path (storetest.NewLocal: bbolt, no raft).
 
 // reinspectHarness is a controller over the real store with two imported
 // machines (planCSV), a BMC enrolled for the first, and no loop running:
 // the test drives every agent call itself.
 func reinspectHarness(t *testing.T) (*harness, *store.Store, store.Machine) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("short: real store")
-	}
-	s := openRealStore(t)
+	s := storetest.NewLocal(t)
 	h := newHarness(t, s, func(c *Config) { c.Inspection = InspectManual })
 	a := importPlan(t, h)[0]
 	_, err := h.c.EnrollBMC(bg, a.ID, store.BMC{Address: "10.99.1.10:623", Driver: "ipmi", Username: "admin"}, "s3cret", store.W{Actor: "alice"})
@@ -163,16 +160,17 @@ func TestEraseQuarantinedInspectsAgain(t *testing.T) {
 	})
 
 	t.Run("never inspected", func(t *testing.T) {
-		// Inspection requested, the BMC sequence failed (failed, nothing
-		// discovered), erased: inspected before it can be available.
+		// Inspection requested, no agent within BootTimeout (failed,
+		// timeout, nothing discovered), erased: inspected before it can be
+		// available.
 		h, _, a := reinspectHarness(t)
 		_, err := h.c.Inspect(bg, a.ID, store.W{Actor: "bob"})
 		must(t, err)
-		_, err = h.c.update(bg, a.ID, store.W{Actor: ActorController, Reason: ReasonBMCFailed}, func(m *store.Machine) error {
-			m.State = store.StateFailed
-			return nil
-		})
-		must(t, err)
+		h.clk.Advance(DefaultBootTimeout + time.Second)
+		must(t, h.c.Tick(bg))
+		if m := h.mustState(a.ID, store.StateFailed); m.Discovered != nil || m.Reason != ReasonTimeout {
+			t.Fatalf("failed: reason %q discovered %+v", m.Reason, m.Discovered)
+		}
 		_, err = h.c.Erase(bg, a.ID, store.W{Actor: "bob"})
 		must(t, err)
 		must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateSucceeded}))
