@@ -8,9 +8,7 @@ import (
 	"math"
 	"mime"
 	"net/http"
-	"net/netip"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"kiln/api/agentapi"
+	"kiln/appliance/lifecycle"
 	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
@@ -206,8 +205,8 @@ func validateRack(rs RackSpec) error {
 		return invalid("name", "required")
 	case strings.TrimSpace(rs.Site) == "":
 		return invalid("site", "required")
-	case rs.Units < 0 || rs.Units > 100:
-		return invalid("units", "must be 0..100 (rack units)")
+	case rs.Units < 0 || rs.Units > rules.MaxRackUnit:
+		return invalid("units", "must be 0..%d (rack units)", rules.MaxRackUnit)
 	case rs.ID != "" && !idRe.MatchString(rs.ID):
 		return invalid("id", "must match %s", idRe)
 	}
@@ -275,121 +274,6 @@ func queryInt(c echo.Context, name string, def, lo, hi int) (int, error) {
 		return 0, invalid(name, "must be an integer in %d..%d", lo, hi)
 	}
 	return n, nil
-}
-
-// validateLabels applies the label rule (rules.CheckLabel) to each label,
-// in key order so that the first bad label named is always the same.
-func validateLabels(field string, l map[string]string) error {
-	keys := make([]string, 0, len(l))
-	for k := range l {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if err := rules.CheckLabel(k, l[k]); err != nil {
-			return invalid(field+"."+k, "%v", err)
-		}
-	}
-	return nil
-}
-
-// normMAC checks a machine MAC by the store's one rule (store.ParseMachineMAC:
-// EUI-48, unicast, not all zeros) and returns its lower-case colon form.
-func normMAC(field, s string) (string, error) {
-	m, err := store.ParseMachineMAC(s)
-	if err != nil {
-		return "", invalid(field, "%v", err)
-	}
-	return m, nil
-}
-
-// validateHardware checks and normalises intended hardware in place.
-func validateHardware(field string, h *store.Hardware) error {
-	t := func(name, v string) error { return checkText(field+"."+name, v, rules.MaxTextLen) }
-	if err := firstErr(t("serial", h.Serial), t("vendor", h.Vendor), t("model", h.Model), t("uuid", h.UUID),
-		t("firmware", h.Firmware)); err != nil {
-		return err
-	}
-	if h.BMCAddress != "" {
-		if err := rules.CheckHostPort(h.BMCAddress); err != nil {
-			return invalid(field+".bmc_address", "%v", err)
-		}
-	}
-	for i, d := range h.Disks {
-		f := fmt.Sprintf("disks[%d].", i)
-		if err := firstErr(t(f+"name", d.Name), t(f+"serial", d.Serial), t(f+"wwn", d.WWN), t(f+"model", d.Model)); err != nil {
-			return err
-		}
-	}
-	if h.CPUs < 0 {
-		return invalid(field+".cpus", "must not be negative")
-	}
-	if h.GPUs < 0 {
-		return invalid(field+".gpus", "must not be negative")
-	}
-	seen := map[string]bool{}
-	for i := range h.NICs {
-		if err := t(fmt.Sprintf("nics[%d].name", i), h.NICs[i].Name); err != nil {
-			return err
-		}
-		f := fmt.Sprintf("%s.nics[%d].mac", field, i)
-		m, err := normMAC(f, h.NICs[i].MAC)
-		if err != nil {
-			return err
-		}
-		if seen[m] {
-			return invalid(f, "duplicate MAC %s", m)
-		}
-		seen[m] = true
-		h.NICs[i].MAC = m
-	}
-	if h.BMCMAC != "" {
-		m, err := normMAC(field+".bmc_mac", h.BMCMAC)
-		if err != nil {
-			return err
-		}
-		h.BMCMAC = m
-	}
-	return nil
-}
-
-func validateMachineFields(rackUnit int, labels map[string]string, h *store.Hardware, mode store.BootMode, ip string) error {
-	if rackUnit < 0 || rackUnit > 100 {
-		return invalid("rack_unit", "must be 0..100")
-	}
-	if err := validateLabels("labels", labels); err != nil {
-		return err
-	}
-	if h != nil {
-		if err := validateHardware("intended", h); err != nil {
-			return err
-		}
-	}
-	switch mode {
-	case "", store.BootModeUEFI, store.BootModeLegacy:
-	default:
-		return invalid("boot_mode", "must be uefi or legacy")
-	}
-	if ip != "" {
-		a, err := netip.ParseAddr(ip)
-		if err != nil || !a.Is4() {
-			return invalid("ipv4", "%q is not an IPv4 address", ip)
-		}
-	}
-	return nil
-}
-
-// validateMachineText checks a machine's name (rules.CheckName, the rule
-// import applies) and its other free-text fields (rules.CheckText).
-func validateMachineText(name, site, rack, bootOverride string, rd store.DiskRule) error {
-	if name != "" {
-		if err := rules.CheckName(name); err != nil {
-			return invalid("name", "%v", err)
-		}
-	}
-	return firstErr(checkText("site", site, rules.MaxTextLen), checkText("rack", rack, rules.MaxTextLen),
-		checkText("boot_override", bootOverride, rules.MaxTextLen),
-		checkText("root_disk.serial", rd.Serial, rules.MaxTextLen), checkText("root_disk.wwn", rd.WWN, rules.MaxTextLen))
 }
 
 func (s *Server) listMachines(c echo.Context) error {
@@ -461,19 +345,9 @@ func (s *Server) createMachine(c echo.Context) error {
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &sp, false); err != nil {
 		return err
 	}
-	if err := validateMachineText(sp.Name, sp.Site, sp.Rack, sp.BootOverride, sp.RootDisk); err != nil {
-		return err
-	}
-	if err := validateMachineFields(sp.RackUnit, sp.Labels, &sp.Intended, sp.BootMode, sp.IPv4); err != nil {
-		return err
-	}
-	if len(sp.Intended.NICs) == 0 && sp.Intended.Serial == "" {
-		return invalid("intended.nics", "a machine needs at least one NIC MAC or a serial")
-	}
-	m := store.Machine{Name: sp.Name, Site: sp.Site, Rack: sp.Rack, RackUnit: sp.RackUnit, Labels: sp.Labels,
-		Intended: sp.Intended, RootDisk: sp.RootDisk, Wipe: sp.Wipe, BootMode: sp.BootMode, IPv4: sp.IPv4,
-		BootOverride: sp.BootOverride, Netboot: sp.Netboot, State: store.StateRegistered}
-	out, err := s.b.PutMachine(c.Request().Context(), m, s.w(c, "created", ""))
+	out, err := s.b.CreateMachine(c.Request().Context(), lifecycle.Intended{Name: sp.Name, Site: sp.Site, Rack: sp.Rack,
+		RackUnit: sp.RackUnit, Labels: sp.Labels, Hardware: sp.Intended, RootDisk: sp.RootDisk, Wipe: sp.Wipe,
+		BootMode: sp.BootMode, IPv4: sp.IPv4, BootOverride: sp.BootOverride, Netboot: sp.Netboot}, s.w(c, "created", ""))
 	if err != nil {
 		return err
 	}
@@ -485,59 +359,10 @@ func (s *Server) patchMachine(c echo.Context) error {
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &p, false); err != nil {
 		return err
 	}
-	if p.ResourceVersion == 0 {
-		return invalid("resource_version", "required: the resource_version you read")
-	}
-	m, err := s.b.GetMachine(c.Param("id"))
-	if err != nil {
-		return err
-	}
-	if m.ResourceVersion != p.ResourceVersion {
-		return fmt.Errorf("%w: machine %s is at resource_version %d, not %d; GET it and retry",
-			store.ErrConflict, m.ID, m.ResourceVersion, p.ResourceVersion)
-	}
-	set := func(dst *string, v *string) {
-		if v != nil {
-			*dst = *v
-		}
-	}
-	set(&m.Name, p.Name)
-	set(&m.Site, p.Site)
-	set(&m.Rack, p.Rack)
-	set(&m.IPv4, p.IPv4)
-	set(&m.BootOverride, p.BootOverride)
-	if p.RackUnit != nil {
-		m.RackUnit = *p.RackUnit
-	}
-	if p.Labels != nil {
-		m.Labels = *p.Labels
-	}
-	if p.Intended != nil {
-		m.Intended = *p.Intended
-	}
-	if p.RootDisk != nil {
-		m.RootDisk = *p.RootDisk
-	}
-	if p.Wipe != nil {
-		m.Wipe = *p.Wipe
-	}
-	if p.BootMode != nil {
-		m.BootMode = *p.BootMode
-	}
-	if p.Netboot != nil {
-		m.Netboot = p.Netboot
-	}
-	var hw *store.Hardware
-	if p.Intended != nil {
-		hw = &m.Intended
-	}
-	if err := validateMachineText(m.Name, m.Site, m.Rack, m.BootOverride, m.RootDisk); err != nil {
-		return err
-	}
-	if err := validateMachineFields(m.RackUnit, m.Labels, hw, m.BootMode, m.IPv4); err != nil {
-		return err
-	}
-	out, err := s.b.PutMachine(c.Request().Context(), m, s.w(c, "intended_updated", ""))
+	out, err := s.b.UpdateIntended(c.Request().Context(), c.Param("id"), lifecycle.IntendedPatch{
+		ResourceVersion: p.ResourceVersion, Name: p.Name, Site: p.Site, Rack: p.Rack, RackUnit: p.RackUnit,
+		Labels: p.Labels, Hardware: p.Intended, RootDisk: p.RootDisk, Wipe: p.Wipe, BootMode: p.BootMode,
+		IPv4: p.IPv4, BootOverride: p.BootOverride, Netboot: p.Netboot}, s.w(c, "intended_updated", ""))
 	if err != nil {
 		return err
 	}
@@ -574,21 +399,6 @@ func (s *Server) importMachines(c echo.Context) error {
 	return c.JSON(http.StatusCreated, ImportResult{Created: res.Created, IDs: ids})
 }
 
-func validateClaim(field string, cl *store.Claim) error {
-	if cl.Image == "" {
-		return invalid(field+".image", "required: an image ID from GET /v1/images")
-	}
-	if cl.Hostname != "" {
-		if err := rules.CheckHostname(cl.Hostname); err != nil {
-			return invalid(field+".hostname", "%v", err)
-		}
-	}
-	if err := checkText(field+".role", cl.Role, rules.MaxTextLen); err != nil {
-		return err
-	}
-	return validateLabels(field+".labels", cl.Labels)
-}
-
 // validateWhy checks the free-text reason and message a client gives for an action.
 func validateWhy(reason, message string) error {
 	return firstErr(checkText("reason", reason, rules.MaxTextLen), checkText("message", message, rules.MaxDescriptionLen))
@@ -599,11 +409,10 @@ func (s *Server) provision(c echo.Context) error {
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &req, false); err != nil {
 		return err
 	}
-	cl := storeClaim(req.Claim)
-	if err := firstErr(validateClaim("claim", &cl), validateWhy(req.Reason, "")); err != nil {
+	if err := validateWhy(req.Reason, ""); err != nil {
 		return err
 	}
-	m, err := s.b.Provision(c.Request().Context(), c.Param("id"), cl, s.w(c, req.Reason, ""))
+	m, err := s.b.Provision(c.Request().Context(), c.Param("id"), storeClaim(req.Claim), s.w(c, req.Reason, ""))
 	if err != nil {
 		return err
 	}
@@ -624,13 +433,10 @@ func (s *Server) claimMachines(c echo.Context) error {
 	if req.Count < 1 || req.Count > s.cfg.MaxListLimit {
 		return invalid("count", "must be 1..%d", s.cfg.MaxListLimit)
 	}
-	if err := validateLabels("labels", req.Labels); err != nil {
+	if err := rules.CheckLabels("labels", req.Labels); err != nil {
 		return err
 	}
 	cl := storeClaim(req.Claim)
-	if err := validateClaim("claim", &cl); err != nil {
-		return err
-	}
 	cl.Role = req.Role
 	ms, err := s.b.ClaimMachines(c.Request().Context(), req.Role, req.Labels, req.Count, cl, s.w(c, req.Reason, ""))
 	if err != nil {
@@ -674,8 +480,8 @@ func (s *Server) enrollBMC(c echo.Context) error {
 		return invalid("address", "%v", rules.CheckHostPort(req.Address))
 	case rules.CheckText(req.Username, rules.MaxTextLen) != nil:
 		return invalid("username", "%v", rules.CheckText(req.Username, rules.MaxTextLen))
-	case req.Driver != "redfish" && req.Driver != "ipmi" && req.Driver != "auto":
-		return invalid("driver", "%q is not redfish|ipmi|auto", req.Driver)
+	case rules.CheckBMCDriver(req.Driver) != nil:
+		return invalid("driver", "%v", rules.CheckBMCDriver(req.Driver))
 	case req.Username == "":
 		return invalid("username", "required")
 	case req.Password == "":
@@ -749,8 +555,8 @@ func (s *Server) uploadImage(c echo.Context) error {
 		return invalid("version", "required query parameter")
 	case !hexRe.MatchString(meta.SHA256):
 		return invalid("sha256", "required: 64 hex digits (sha256sum of the image)")
-	case meta.Format != "raw" && meta.Format != "gzip" && meta.Format != "zstd":
-		return invalid("format", "%q is not raw|gzip|zstd", meta.Format)
+	case rules.CheckImageFormat(meta.Format) != nil:
+		return invalid("format", "%v", rules.CheckImageFormat(meta.Format))
 	case meta.Format != "raw" && meta.Size == 0:
 		return invalid("size", "required for a %s image: the length in bytes of its decompressed content", meta.Format)
 	case meta.ID != "" && !idRe.MatchString(meta.ID):
