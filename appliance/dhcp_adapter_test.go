@@ -19,7 +19,7 @@ import (
 
 func newDHCPBackend(t *testing.T) (*dhcpBackend, *store.Store) {
 	t.Helper()
-	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	st := storetest.NewLocal(t)
 	life, err := lifecycle.New(lifecycle.Config{ImageBaseURL: "http://10.0.0.1:8080"}, st, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

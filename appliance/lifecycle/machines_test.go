@@ -14,11 +14,11 @@ import (
 	"kiln/store/storetest"
 )
 
-// newWriterTest is a controller over a real one-node store, for the tests
+// newWriterTest is a controller over a real local store (storetest.NewLocal), for the tests
 // of the machine-record writes in machines.go.
 func newWriterTest(t *testing.T, mod ...func(*Config)) (*Controller, *store.Store) {
 	t.Helper()
-	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	st := storetest.NewLocal(t)
 	cfg := Config{ImageBaseURL: "http://127.0.0.1:8080"}
 	for _, m := range mod {
 		m(&cfg)

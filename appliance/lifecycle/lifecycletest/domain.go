@@ -29,15 +29,16 @@ type Domain struct {
 	Registry   *prometheus.Registry // the controller's metrics
 }
 
-// New starts a store (a one-node cluster in t's temporary directory,
-// leader when New returns), an image catalog beside it, a sealer with a
+// New opens a store (storetest.NewLocal: the real apply path over a bbolt
+// file in t's temporary directory, no raft; always leader), an image
+// catalog beside it, a sealer with a
 // random site key, and a controller over them with ImageBaseURL
 // http://127.0.0.1:8080, no BMC and the package defaults otherwise; mod
 // edits the controller's Config first. The controller's loop is not
 // started (tests drive it). Everything stops when t ends.
 func New(t testing.TB, mod ...func(*lifecycle.Config)) *Domain {
 	t.Helper()
-	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	st := storetest.NewLocal(t)
 	cat, err := httpboot.OpenCatalog(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
