@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kiln/appliance/lifecycle/intake"
 	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 	"kiln/store/storetest"
@@ -160,5 +161,33 @@ func TestLabelValueIsALabel(t *testing.T) {
 	}
 	if got := labelValue(strings.Repeat("y", 100)); len(got) != 63 {
 		t.Errorf("long value kept %d bytes", len(got))
+	}
+}
+
+// An imported machine is checked by the same record rule as the API's
+// writes: a label key the rule refuses is a bad row, and a machine the
+// import accepted takes a later intended-field update (issue 11: intake
+// accepted "zone-", which the API refused, so every later PATCH failed).
+func TestImportAndUpdateShareTheRule(t *testing.T) {
+	c, st := newWriterTest(t)
+	ctx := context.Background()
+	w := store.W{Actor: "test"}
+	var rows *intake.ErrRows
+	_, err := c.Import(ctx, strings.NewReader("name,serial,macs,labels\nn1,S1,52:54:00:cc:00:01,zone-=a\n"), "csv", w)
+	if !errors.As(err, &rows) || len(rows.Rows) != 1 || rows.Rows[0].Line != 2 || rows.Rows[0].Field != "labels" {
+		t.Fatalf("label key zone- imported: %v", err)
+	}
+	res, err := c.Import(ctx, strings.NewReader("name,serial,macs,labels,u\nn1,S1,52-54-00-CC-00-01,zone=a,42\n"), "csv", w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetMachine(res.IDs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"zone": "b", "pool": "gpu"}
+	out, err := c.UpdateIntended(ctx, m.ID, IntendedPatch{ResourceVersion: m.ResourceVersion, Labels: &labels}, w)
+	if err != nil || out.Labels["zone"] != "b" || out.RackUnit != 42 || out.Intended.NICs[0].MAC != "52:54:00:cc:00:01" {
+		t.Fatalf("update of an imported machine: %+v %v", out, err)
 	}
 }

@@ -16,8 +16,10 @@ import (
 	"kiln/store"
 )
 
-// Import parses r (format csv|json|netbox, see package intake) and creates
-// every row as a registered machine in one all-or-nothing store command
+// Import parses r (format csv|json|netbox, see package intake), checks
+// every row's machine by the record rule (rules.CheckIntended, as
+// CreateMachine and UpdateIntended do) and creates every row as a
+// registered machine in one all-or-nothing store command
 // (store.ImportMachines, create only). A row whose name, serial, BMC MAC or
 // NIC MAC is held by a stored machine or by an earlier row is a bad row,
 // decided inside the store's raft apply so that concurrent imports cannot
@@ -29,8 +31,20 @@ func (c *Controller) Import(ctx context.Context, r io.Reader, format string, w s
 		return intake.Result{}, err
 	}
 	ms := make([]store.Machine, len(rows))
+	var bad []intake.RowError
 	for i, row := range rows {
 		ms[i] = row.Machine
+		// The record rule every other path applies (CreateMachine,
+		// UpdateIntended): what an import accepts, a later PATCH accepts.
+		var fe *rules.FieldError
+		if err := rules.CheckIntended(&ms[i], true); errors.As(err, &fe) {
+			bad = append(bad, intake.RowError{Line: row.Line, Field: fe.Field, Msg: fe.Msg})
+		} else if err != nil {
+			return intake.Result{}, err
+		}
+	}
+	if len(bad) > 0 {
+		return intake.Result{}, &intake.ErrRows{Rows: bad}
 	}
 	out, err := c.st.ImportMachines(ctx, ms, withDefaults(w, "imported"))
 	var ice *store.ImportConflictError
