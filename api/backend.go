@@ -47,6 +47,11 @@ type Backend interface {
 	// (then it returns ctx.Err()).
 	WaitEvents(ctx context.Context, after uint64) error
 	CountByState() (map[store.MachineState]int, error)
+	// Barrier returns once this node's replica has applied everything the
+	// leader had committed when it was called (forwarded to the leader):
+	// the reads after it are current (?consistent=true). store.ErrNotLeader
+	// when no leader is reachable.
+	Barrier(ctx context.Context) error
 	Health() Health
 
 	// Lifecycle operations (lifecycle.Controller).

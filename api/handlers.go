@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -64,13 +63,6 @@ func queryInt(c echo.Context, name string, def, lo, hi int) (int, error) {
 	return n, nil
 }
 
-// consistentReader is implemented by backends that can make a read current
-// (the store's Barrier: forwarded to the leader, then wait for the local
-// replica to apply). Reads default to the local replica.
-type consistentReader interface {
-	Barrier(ctx context.Context) error
-}
-
 // maybeBarrier honours ?consistent=true (documented in /v1/openapi.json).
 func (s *Server) maybeBarrier(c echo.Context) error {
 	switch c.QueryParam("consistent") {
@@ -80,11 +72,7 @@ func (s *Server) maybeBarrier(c echo.Context) error {
 	default:
 		return invalid("consistent", "want true or false")
 	}
-	cr, ok := s.b.(consistentReader)
-	if !ok {
-		return nil // the backend's reads are always current
-	}
-	return cr.Barrier(c.Request().Context())
+	return s.b.Barrier(c.Request().Context())
 }
 
 // validateWhy checks the free-text reason and message a client gives for an action.

@@ -106,3 +106,31 @@ func TestOverRealStore(t *testing.T) {
 	}
 	h.want(h.do("GET", "/readyz", "", nil), 200, "")
 }
+
+// noBarrier is a follower that cannot reach the leader for a barrier.
+type noBarrier struct{ Backend }
+
+func (noBarrier) Barrier(context.Context) error {
+	return fmt.Errorf("barrier: %w", &store.NotLeaderError{LeaderID: "kiln-2"})
+}
+
+// ?consistent=true reads after the backend's Barrier: over the real domain
+// it answers as a plain read; a barrier that cannot reach the leader is
+// 503 not_leader, never a stale answer.
+func TestConsistentRead(t *testing.T) {
+	h := newHarness(t)
+	m := h.machine("c1", "52:54:00:00:00:c1", store.StateRegistered, nil)
+	var got Machine
+	r := h.do("GET", "/v1/machines/"+m.ID+"?consistent=true", viewerTok, nil)
+	h.want(r, 200, "")
+	r.into(t, &got)
+	if got.ID != m.ID || got.ResourceVersion != m.ResourceVersion {
+		t.Fatalf("consistent read %+v", got)
+	}
+	h.want(h.do("GET", "/v1/machines?consistent=true", viewerTok, nil), 200, "")
+	h.want(h.do("GET", "/v1/machines?consistent=perhaps", viewerTok, nil), 400, CodeInvalid)
+	f := newHarness(t, func(b Backend) Backend { return noBarrier{b} })
+	f.machine("c1", "52:54:00:00:00:c1", store.StateRegistered, nil)
+	f.want(f.do("GET", "/v1/machines?consistent=true", viewerTok, nil), 503, CodeNotLeader)
+	f.want(f.do("GET", "/v1/machines", viewerTok, nil), 200, "")
+}
