@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln/api"
-	"kiln/store"
 )
 
 // call sends one request and renders its answer: the shape every simple CLI
@@ -54,7 +53,7 @@ func claimCmd(o *cliOpts) *cobra.Command {
 				return err
 			}
 			req := api.ClaimRequest{Role: role, Labels: sel, Count: count, Reason: reason,
-				Claim: store.Claim{Image: image, Role: role, Labels: nl, SSHKeys: sshKeys}}
+				Claim: api.Claim{Image: image, Role: role, Labels: nl, SSHKeys: sshKeys}}
 			if userData != "" {
 				b, err := os.ReadFile(userData)
 				if err != nil {
@@ -103,7 +102,7 @@ func sitesCmd(o *cliOpts) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME", Short: "Create a site", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var s store.Site
+			var s api.Site
 			return o.call(cmd, "POST", "/v1/sites", api.SiteSpec{Name: args[0], Description: desc}, &s, func() func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) { row(tw, "ID", "NAME"); row(tw, s.ID, s.Name) }
 			})
@@ -142,7 +141,7 @@ func racksCmd(o *cliOpts) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME --site SITE", Short: "Create a rack", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var r store.Rack
+			var r api.Rack
 			spec := api.RackSpec{Site: site, Name: args[0], Row: rowName, Units: units}
 			return o.call(cmd, "POST", "/v1/racks", spec, &r, func() func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) { row(tw, "ID", "SITE", "NAME"); row(tw, r.ID, r.Site, r.Name) }

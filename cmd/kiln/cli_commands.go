@@ -88,14 +88,14 @@ func parseLabels(flag string, kvs []string) (map[string]string, error) {
 	return m, nil
 }
 
-func firstMAC(m store.Machine) string {
+func firstMAC(m api.Machine) string {
 	if len(m.Intended.NICs) > 0 {
 		return m.Intended.NICs[0].MAC
 	}
 	return ""
 }
 
-func machineTable(ms []store.Machine) func(*tabwriter.Writer) {
+func machineTable(ms []api.Machine) func(*tabwriter.Writer) {
 	return func(tw *tabwriter.Writer) {
 		row(tw, "ID", "NAME", "STATE", "RACK", "U", "MAC", "IPV4", "REASON")
 		for _, m := range ms {
@@ -108,7 +108,7 @@ func machineTable(ms []store.Machine) func(*tabwriter.Writer) {
 	}
 }
 
-func machineDetail(m store.Machine) func(*tabwriter.Writer) {
+func machineDetail(m api.Machine) func(*tabwriter.Writer) {
 	return func(tw *tabwriter.Writer) {
 		row(tw, "ID:", m.ID)
 		row(tw, "Name:", dash(m.Name))
@@ -172,7 +172,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				q.Add("label", l)
 			}
 			q.Set("limit", strconv.Itoa(limit))
-			var items []store.Machine
+			var items []api.Machine
 			next := after
 			for {
 				if next != "" {
@@ -192,7 +192,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				}
 			}
 			if items == nil {
-				items = []store.Machine{}
+				items = []api.Machine{}
 			}
 			if err := render(cmd.OutOrStdout(), o.output, api.MachineList{Items: items, Next: next}, machineTable(items)); err != nil {
 				return err
@@ -215,14 +215,14 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 		Short: "Show one machine",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var m store.Machine
+			var m api.Machine
 			return o.call(cmd, "GET", "/v1/machines/"+url.PathEscape(args[0]), nil, &m, func() func(*tabwriter.Writer) {
 				return machineDetail(m)
 			})
 		},
 	}
 
-	var claim store.Claim
+	var claim api.Claim
 	var userDataFile, reason string
 	var claimLabels []string
 	prov := &cobra.Command{
@@ -247,10 +247,10 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				}
 				claim.UserData = string(b)
 			}
-			var m store.Machine
+			var m api.Machine
 			return o.send(cmd, cl, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/provision", nil,
 				api.ProvisionRequest{Claim: claim, Reason: reason}, "", &m, func() func(*tabwriter.Writer) {
-					return machineTable([]store.Machine{m})
+					return machineTable([]api.Machine{m})
 				})
 		},
 	}
@@ -284,10 +284,10 @@ func actionCmd(o *cliOpts, verb, short string) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var m store.Machine
+			var m api.Machine
 			return o.call(cmd, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/"+verb,
 				api.ActionRequest{Reason: reason, Message: message}, &m, func() func(*tabwriter.Writer) {
-					return machineTable([]store.Machine{m})
+					return machineTable([]api.Machine{m})
 				})
 		},
 	}
@@ -451,7 +451,7 @@ decompressed once here to compute them.`,
 			if id != "" {
 				method, path = "PUT", "/v1/images/"+url.PathEscape(id)
 			}
-			var im store.Image
+			var im api.Image
 			// No overall timeout: an image may take long; Ctrl-C cancels.
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -707,7 +707,7 @@ of shell history and ps.`,
 			if req.Password == "" {
 				return errors.New("no BMC password: use --password-file, --password-stdin or KILN_BMC_PASSWORD")
 			}
-			var b store.BMC
+			var b api.BMC
 			return o.send(cmd, cl, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/bmc", nil, req, "", &b, func() func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) {
 					row(tw, "ID", "ADDRESS", "DRIVER", "USERNAME")
