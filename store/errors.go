@@ -42,6 +42,10 @@ var (
 	ErrClosed = errors.New("store: closed")
 	// ErrTimeout: the write was not committed before ApplyTimeout.
 	ErrTimeout = errors.New("store: timed out")
+	// ErrNoRaft: a raft-only operation (Join, Remove, JoinVia, Snapshot)
+	// on a store opened with OpenLocal, which has no raft group. Open the
+	// cluster's store with Open instead.
+	ErrNoRaft = errors.New("store: local store (OpenLocal) has no raft")
 )
 
 // NotLeaderError is returned (wrapping ErrNotLeader) when a write or a

@@ -13,8 +13,10 @@ import (
 )
 
 // The write path: every typed write (writes.go) builds a command, prepare
-// fixes its leader-chosen fields, and write applies it through raft on the
-// leader (applyLocal) or forwards it to the leader (forward.go).
+// fixes its leader-chosen fields, and write applies it through the store's
+// consensus (consensus.go): through raft on the leader (applyLocal) or
+// forwarded to the leader (forward.go), or through the local log of a store
+// opened with OpenLocal (local.go).
 
 // randID returns prefix + 16 lower-case hex digits (64 random bits).
 func randID(prefix string) string {
@@ -66,7 +68,7 @@ func (s *Store) write(ctx context.Context, c *command) (vals []json.RawMessage, 
 	s.m.commands.WithLabelValues(c.Type.String()).Inc()
 	for attempt := 0; ; attempt++ {
 		if s.IsLeader() {
-			vals, recs, err = s.applyLocal(ctx, c)
+			vals, recs, err = s.cons.commit(ctx, c)
 			if !errors.Is(err, raft.ErrNotLeader) {
 				break
 			}
