@@ -179,7 +179,7 @@ func TestRoles(t *testing.T) {
 	h := newHarness(t)
 	m := h.machine("n1", "52:54:00:00:00:01", store.StateAvailable, nil)
 	im := h.image([]byte("disk"))
-	prov := ProvisionRequest{Claim: store.Claim{Image: im.ID}}
+	prov := ProvisionRequest{Claim: Claim{Image: im.ID}}
 	patch := map[string]any{"resource_version": m.ResourceVersion, "name": "renamed"}
 
 	// No token / unknown token: 401.
@@ -200,7 +200,7 @@ func TestRoles(t *testing.T) {
 		{"POST", "/v1/machines/" + m.ID + "/inspect", nil},
 		{"POST", "/v1/machines/" + m.ID + "/release", nil},
 		{"PATCH", "/v1/machines/" + m.ID, patch},
-		{"POST", "/v1/machines/claim", ClaimRequest{Role: "worker", Count: 1, Claim: store.Claim{Image: im.ID}}},
+		{"POST", "/v1/machines/claim", ClaimRequest{Role: "worker", Count: 1, Claim: Claim{Image: im.ID}}},
 		{"POST", "/v1/sites", SiteSpec{Name: "x"}},
 		{"DELETE", "/v1/images/" + im.ID, nil},
 		{"POST", "/v1/machines/import?format=csv", "name,serial,mac,rack\n"},
@@ -425,7 +425,7 @@ func TestIllegalTransitionNamesStates(t *testing.T) {
 	h := newHarness(t)
 	m := h.machine("n1", "52:54:00:00:00:01", store.StateRegistered, nil)
 	im := h.image([]byte("x"))
-	r := h.do("POST", "/v1/machines/"+m.ID+"/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID}})
+	r := h.do("POST", "/v1/machines/"+m.ID+"/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: im.ID}})
 	h.want(r, 409, CodeIllegalTransition)
 	if d := r.err(); d.From != "registered" || d.To != "provisioning" || !strings.Contains(d.Message, "registered") {
 		t.Fatalf("detail %+v", d)
@@ -594,7 +594,7 @@ func TestImportAndClaim(t *testing.T) {
 		h.machine(fmt.Sprintf("w%d", i), fmt.Sprintf("52:54:00:00:02:%02x", i), store.StateAvailable, map[string]string{"pool": "gpu"})
 	}
 	r = h.do("POST", "/v1/machines/claim", operatorTok, ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 2,
-		Claim: store.Claim{Image: im.ID}})
+		Claim: Claim{Image: im.ID}})
 	h.want(r, 202, "")
 	var cr ClaimResponse
 	r.into(t, &cr)
@@ -602,7 +602,7 @@ func TestImportAndClaim(t *testing.T) {
 		t.Fatalf("claim %+v", cr)
 	}
 	h.want(h.do("POST", "/v1/machines/claim", operatorTok, ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 2,
-		Claim: store.Claim{Image: im.ID}}), 409, CodeConflict)
+		Claim: Claim{Image: im.ID}}), 409, CodeConflict)
 }
 
 func TestImagesUploadAndBMC(t *testing.T) {
@@ -953,8 +953,8 @@ func TestFreeTextRefused(t *testing.T) {
 		{"POST", "/v1/sites", adminTok, SiteSpec{Name: esc}, "name"},
 		{"POST", "/v1/sites", adminTok, SiteSpec{Name: "s", Description: "\u2066"}, "description"},
 		{"POST", "/v1/racks", adminTok, RackSpec{Site: "s", Name: "r", Row: esc}, "row"},
-		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Hostname: "a\x1b"}}, "claim.hostname"},
-		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Role: esc}}, "claim.role"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: im.ID, Hostname: "a\x1b"}}, "claim.hostname"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: im.ID, Role: esc}}, "claim.role"},
 		{"POST", "/v1/machines/" + m.ID + "/erase", operatorTok, ActionRequest{Message: esc}, "message"},
 		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1\x1b", Username: "u", Password: "p"}, "address"},
 		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1", Username: esc, Password: "p"}, "username"},

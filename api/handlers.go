@@ -85,10 +85,7 @@ func (s *Server) listSites(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if items == nil {
-		items = []store.Site{}
-	}
-	return c.JSON(http.StatusOK, SiteList{Items: items})
+	return c.JSON(http.StatusOK, SiteList{Items: views(items, siteView)})
 }
 
 func (s *Server) getSite(c echo.Context) error {
@@ -98,7 +95,7 @@ func (s *Server) getSite(c echo.Context) error {
 	}
 	for _, it := range items {
 		if it.ID == c.Param("id") {
-			return c.JSON(http.StatusOK, it)
+			return c.JSON(http.StatusOK, siteView(it))
 		}
 	}
 	return notFound("site", c.Param("id"))
@@ -149,7 +146,7 @@ func (s *Server) createSite(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusCreated, out)
+	return c.JSON(http.StatusCreated, siteView(out))
 }
 
 func (s *Server) updateSite(c echo.Context) error {
@@ -172,7 +169,7 @@ func (s *Server) updateSite(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, siteView(out))
 }
 
 func (s *Server) listRacks(c echo.Context) error {
@@ -180,11 +177,11 @@ func (s *Server) listRacks(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := []store.Rack{}
+	out := []Rack{}
 	site := c.QueryParam("site")
 	for _, r := range items {
 		if site == "" || r.Site == site {
-			out = append(out, r)
+			out = append(out, rackView(r))
 		}
 	}
 	return c.JSON(http.StatusOK, RackList{Items: out})
@@ -197,7 +194,7 @@ func (s *Server) getRack(c echo.Context) error {
 	}
 	for _, it := range items {
 		if it.ID == c.Param("id") {
-			return c.JSON(http.StatusOK, it)
+			return c.JSON(http.StatusOK, rackView(it))
 		}
 	}
 	return notFound("rack", c.Param("id"))
@@ -234,7 +231,7 @@ func (s *Server) createRack(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusCreated, out)
+	return c.JSON(http.StatusCreated, rackView(out))
 }
 
 func (s *Server) updateRack(c echo.Context) error {
@@ -257,7 +254,7 @@ func (s *Server) updateRack(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, rackView(out))
 }
 
 // ---- machines
@@ -422,10 +419,7 @@ func (s *Server) listMachines(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if items == nil {
-		items = []store.Machine{}
-	}
-	return c.JSON(http.StatusOK, MachineList{Items: items, Next: next})
+	return c.JSON(http.StatusOK, MachineList{Items: machineViews(items, who(c).Role), Next: next})
 }
 
 // consistentReader is implemented by backends that can make a read current
@@ -459,7 +453,7 @@ func (s *Server) getMachine(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, m)
+	return c.JSON(http.StatusOK, machineView(m, who(c).Role))
 }
 
 func (s *Server) createMachine(c echo.Context) error {
@@ -483,7 +477,7 @@ func (s *Server) createMachine(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusCreated, out)
+	return c.JSON(http.StatusCreated, machineView(out, who(c).Role))
 }
 
 func (s *Server) patchMachine(c echo.Context) error {
@@ -547,7 +541,7 @@ func (s *Server) patchMachine(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, machineView(out, who(c).Role))
 }
 
 func (s *Server) importMachines(c echo.Context) error {
@@ -605,14 +599,15 @@ func (s *Server) provision(c echo.Context) error {
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &req, false); err != nil {
 		return err
 	}
-	if err := firstErr(validateClaim("claim", &req.Claim), validateWhy(req.Reason, "")); err != nil {
+	cl := storeClaim(req.Claim)
+	if err := firstErr(validateClaim("claim", &cl), validateWhy(req.Reason, "")); err != nil {
 		return err
 	}
-	m, err := s.b.Provision(c.Request().Context(), c.Param("id"), req.Claim, s.w(c, req.Reason, ""))
+	m, err := s.b.Provision(c.Request().Context(), c.Param("id"), cl, s.w(c, req.Reason, ""))
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusAccepted, m)
+	return c.JSON(http.StatusAccepted, machineView(m, who(c).Role))
 }
 
 func (s *Server) claimMachines(c echo.Context) error {
@@ -632,18 +627,16 @@ func (s *Server) claimMachines(c echo.Context) error {
 	if err := validateLabels("labels", req.Labels); err != nil {
 		return err
 	}
-	if err := validateClaim("claim", &req.Claim); err != nil {
+	cl := storeClaim(req.Claim)
+	if err := validateClaim("claim", &cl); err != nil {
 		return err
 	}
-	req.Claim.Role = req.Role
-	ms, err := s.b.ClaimMachines(c.Request().Context(), req.Role, req.Labels, req.Count, req.Claim, s.w(c, req.Reason, ""))
+	cl.Role = req.Role
+	ms, err := s.b.ClaimMachines(c.Request().Context(), req.Role, req.Labels, req.Count, cl, s.w(c, req.Reason, ""))
 	if err != nil {
 		return err
 	}
-	if ms == nil {
-		ms = []store.Machine{}
-	}
-	return c.JSON(http.StatusAccepted, ClaimResponse{Items: ms})
+	return c.JSON(http.StatusAccepted, ClaimResponse{Items: machineViews(ms, who(c).Role)})
 }
 
 // action runs a body-optional lifecycle action on one machine.
@@ -659,7 +652,7 @@ func (s *Server) action(c echo.Context, f func(context.Context, string, store.W)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusAccepted, m)
+	return c.JSON(http.StatusAccepted, machineView(m, who(c).Role))
 }
 
 func (s *Server) release(c echo.Context) error { return s.action(c, s.b.Release) }
@@ -694,7 +687,7 @@ func (s *Server) enrollBMC(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusCreated, out)
+	return c.JSON(http.StatusCreated, bmcView(out))
 }
 
 // ---- images
@@ -704,10 +697,7 @@ func (s *Server) listImages(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if items == nil {
-		items = []store.Image{}
-	}
-	return c.JSON(http.StatusOK, ImageList{Items: items})
+	return c.JSON(http.StatusOK, ImageList{Items: views(items, imageView)})
 }
 
 func (s *Server) getImage(c echo.Context) error {
@@ -715,7 +705,7 @@ func (s *Server) getImage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, im)
+	return c.JSON(http.StatusOK, imageView(im))
 }
 
 type countingReader struct {
@@ -786,7 +776,7 @@ func (s *Server) uploadImage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(status, im)
+	return c.JSON(status, imageView(im))
 }
 
 func (s *Server) deleteImage(c echo.Context) error {
@@ -803,10 +793,7 @@ func (s *Server) listJobs(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if items == nil {
-		items = []store.Job{}
-	}
-	return c.JSON(http.StatusOK, JobList{Items: items})
+	return c.JSON(http.StatusOK, JobList{Items: views(items, jobView)})
 }
 
 func (s *Server) getJob(c echo.Context) error {
@@ -814,7 +801,7 @@ func (s *Server) getJob(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, j)
+	return c.JSON(http.StatusOK, jobView(j))
 }
 
 // events serves ?after=CURSOR&limit=N&wait=DURATION. With wait, an empty
@@ -867,10 +854,7 @@ func (s *Server) events(c echo.Context) error {
 			}
 		}
 	}
-	out := EventList{Events: evs, Next: after}
-	if out.Events == nil {
-		out.Events = []store.Event{}
-	}
+	out := EventList{Events: views(evs, eventView), Next: after}
 	if len(evs) > 0 {
 		out.Next = evs[len(evs)-1].Index
 	}

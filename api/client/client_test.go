@@ -267,21 +267,21 @@ func TestActions(t *testing.T) {
 	a3 := e.machineIn("a3", "52:54:00:00:30:04", map[string]string{"pool": "cpu"}, store.StateAvailable)
 	prov := e.machineIn("p", "52:54:00:00:30:05", nil, store.StateProvisioned)
 
-	m, err := op.Provision(ctx, a1.ID, api.ProvisionRequest{Claim: store.Claim{Image: im.ID, Role: "worker", Hostname: "w1"}, Reason: "test"})
+	m, err := op.Provision(ctx, a1.ID, api.ProvisionRequest{Claim: api.Claim{Image: im.ID, Role: "worker", Hostname: "w1"}, Reason: "test"})
 	// The claim is placed; the machine stays available until its agent starts the build.
 	if err != nil || m.State != store.StateAvailable || m.Claim == nil || m.Claim.Hostname != "w1" {
 		t.Fatalf("provision: %v %+v", err, m)
 	}
-	_, err = op.Provision(ctx, reg.ID, api.ProvisionRequest{Claim: store.Claim{Image: im.ID}})
+	_, err = op.Provision(ctx, reg.ID, api.ProvisionRequest{Claim: api.Claim{Image: im.ID}})
 	if ce := client.AsError(err); ce == nil || ce.Status != 409 {
 		t.Fatalf("provision registered: %v", err)
 	}
-	_, err = op.Claim(ctx, api.ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 2, Claim: store.Claim{Image: im.ID}})
+	_, err = op.Claim(ctx, api.ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 2, Claim: api.Claim{Image: im.ID}})
 	wantErr(t, err, 409, "not_enough_machines")
 	if got, _ := e.st.GetMachine(a2.ID); got.State != store.StateAvailable {
 		t.Fatalf("a refused claim moved %s to %s", a2.ID, got.State)
 	}
-	claimed, err := op.Claim(ctx, api.ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 1, Claim: store.Claim{Image: im.ID}})
+	claimed, err := op.Claim(ctx, api.ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 1, Claim: api.Claim{Image: im.ID}})
 	if err != nil || len(claimed) != 1 || claimed[0].ID != a2.ID || claimed[0].Claim.Role != "worker" {
 		t.Fatalf("claim: %v %+v", err, claimed)
 	}

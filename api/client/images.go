@@ -8,7 +8,6 @@ import (
 	"strconv"
 
 	"kiln/api"
-	"kiln/store"
 )
 
 // ImageMeta describes an upload (the query of POST /v1/images and PUT
@@ -45,8 +44,8 @@ func (m ImageMeta) values() url.Values {
 // picks (POST /v1/images, 201). The server hashes as it stores: a digest or
 // size that does not match is 400 and nothing is kept. The context bounds
 // the whole upload. Role admin.
-func (c *Client) UploadImage(ctx context.Context, meta ImageMeta, body io.Reader, length int64) (store.Image, error) {
-	var out store.Image
+func (c *Client) UploadImage(ctx context.Context, meta ImageMeta, body io.Reader, length int64) (api.Image, error) {
+	var out api.Image
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/images", query: meta.values(),
 		body: body, ctype: "application/octet-stream", length: length, expect: true}, &out)
 	return out, err
@@ -56,22 +55,22 @@ func (c *Client) UploadImage(ctx context.Context, meta ImageMeta, body io.Reader
 // for a new image; when the same image (name, version, format, sha256) is
 // there already the answer is 200 with it, created false, and the body is
 // not read; any other image under id is 409. Otherwise as UploadImage.
-func (c *Client) PutImage(ctx context.Context, id string, meta ImageMeta, body io.Reader, length int64) (im store.Image, created bool, err error) {
+func (c *Client) PutImage(ctx context.Context, id string, meta ImageMeta, body io.Reader, length int64) (im api.Image, created bool, err error) {
 	status, err := c.do(ctx, request{method: http.MethodPut, path: "/v1/images/" + seg(id), query: meta.values(),
 		body: body, ctype: "application/octet-stream", length: length, expect: true}, &im)
 	return im, status == http.StatusCreated, err
 }
 
 // ListImages is GET /v1/images (all of them). Role viewer.
-func (c *Client) ListImages(ctx context.Context) ([]store.Image, error) {
+func (c *Client) ListImages(ctx context.Context) ([]api.Image, error) {
 	var out api.ImageList
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/images"}, &out)
 	return out.Items, err
 }
 
 // GetImage is GET /v1/images/{id}. Role viewer; 404 not_found.
-func (c *Client) GetImage(ctx context.Context, id string) (store.Image, error) {
-	var out store.Image
+func (c *Client) GetImage(ctx context.Context, id string) (api.Image, error) {
+	var out api.Image
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/images/" + seg(id)}, &out)
 	return out, err
 }

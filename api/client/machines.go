@@ -9,7 +9,6 @@ import (
 	"strconv"
 
 	"kiln/api"
-	"kiln/store"
 )
 
 // MachineQuery filters and pages GET /v1/machines. Zero fields are not
@@ -64,8 +63,8 @@ func (c *Client) ListMachines(ctx context.Context, q MachineQuery) (api.MachineL
 // ListAllMachines follows the cursor from q.After to the last page and
 // returns every machine: one request per page of q.Limit. A failed page
 // ends it with that page's error and nothing is returned.
-func (c *Client) ListAllMachines(ctx context.Context, q MachineQuery) ([]store.Machine, error) {
-	items := []store.Machine{}
+func (c *Client) ListAllMachines(ctx context.Context, q MachineQuery) ([]api.Machine, error) {
+	items := []api.Machine{}
 	for {
 		page, err := c.ListMachines(ctx, q)
 		if err != nil {
@@ -80,16 +79,16 @@ func (c *Client) ListAllMachines(ctx context.Context, q MachineQuery) ([]store.M
 }
 
 // GetMachine is GET /v1/machines/{id}. Role viewer; 404 not_found.
-func (c *Client) GetMachine(ctx context.Context, id string) (store.Machine, error) {
-	var out store.Machine
+func (c *Client) GetMachine(ctx context.Context, id string) (api.Machine, error) {
+	var out api.Machine
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/machines/" + seg(id)}, &out)
 	return out, err
 }
 
 // CreateMachine registers one machine (POST /v1/machines, 201). Role
 // admin; 400 naming the field, 409 conflict for a MAC another machine has.
-func (c *Client) CreateMachine(ctx context.Context, spec api.MachineSpec) (store.Machine, error) {
-	var out store.Machine
+func (c *Client) CreateMachine(ctx context.Context, spec api.MachineSpec) (api.Machine, error) {
+	var out api.Machine
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/machines", json: spec}, &out)
 	return out, err
 }
@@ -97,8 +96,8 @@ func (c *Client) CreateMachine(ctx context.Context, spec api.MachineSpec) (store
 // PatchMachine updates intended fields (PATCH /v1/machines/{id}).
 // p.ResourceVersion must be the machine's current one, else 409 conflict.
 // Role admin.
-func (c *Client) PatchMachine(ctx context.Context, id string, p api.MachinePatch) (store.Machine, error) {
-	var out store.Machine
+func (c *Client) PatchMachine(ctx context.Context, id string, p api.MachinePatch) (api.Machine, error) {
+	var out api.Machine
 	_, err := c.do(ctx, request{method: http.MethodPatch, path: "/v1/machines/" + seg(id), json: p}, &out)
 	return out, err
 }
@@ -118,8 +117,8 @@ func (c *Client) ImportMachines(ctx context.Context, format string, r io.Reader)
 // Provision claims one available machine with req.Claim (POST
 // /v1/machines/{id}/provision, 202); the build runs after the answer.
 // Role operator; 409 illegal_transition or wrong_state from another state.
-func (c *Client) Provision(ctx context.Context, id string, req api.ProvisionRequest) (store.Machine, error) {
-	var out store.Machine
+func (c *Client) Provision(ctx context.Context, id string, req api.ProvisionRequest) (api.Machine, error) {
+	var out api.Machine
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/machines/" + seg(id) + "/provision", json: req}, &out)
 	return out, err
 }
@@ -127,7 +126,7 @@ func (c *Client) Provision(ctx context.Context, id string, req api.ProvisionRequ
 // Claim claims req.Count available machines matching req.Role and
 // req.Labels and provisions them (POST /v1/machines/claim, 202). All or
 // nothing: 409 not_enough_machines when fewer match. Role operator.
-func (c *Client) Claim(ctx context.Context, req api.ClaimRequest) ([]store.Machine, error) {
+func (c *Client) Claim(ctx context.Context, req api.ClaimRequest) ([]api.Machine, error) {
 	var out api.ClaimResponse
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/machines/claim", json: req}, &out)
 	return out.Items, err
@@ -135,31 +134,31 @@ func (c *Client) Claim(ctx context.Context, req api.ClaimRequest) ([]store.Machi
 
 // Release ends a provisioned machine's claim: it is erased, then available
 // (POST /v1/machines/{id}/release, 202). Role operator.
-func (c *Client) Release(ctx context.Context, id string, why api.ActionRequest) (store.Machine, error) {
+func (c *Client) Release(ctx context.Context, id string, why api.ActionRequest) (api.Machine, error) {
 	return c.action(ctx, id, "release", why)
 }
 
 // Erase erases a machine's disks (POST /v1/machines/{id}/erase, 202). Role operator.
-func (c *Client) Erase(ctx context.Context, id string, why api.ActionRequest) (store.Machine, error) {
+func (c *Client) Erase(ctx context.Context, id string, why api.ActionRequest) (api.Machine, error) {
 	return c.action(ctx, id, "erase", why)
 }
 
 // Inspect (re)inspects a machine's hardware (POST /v1/machines/{id}/inspect,
 // 202). Role operator.
-func (c *Client) Inspect(ctx context.Context, id string, why api.ActionRequest) (store.Machine, error) {
+func (c *Client) Inspect(ctx context.Context, id string, why api.ActionRequest) (api.Machine, error) {
 	return c.action(ctx, id, "inspect", why)
 }
 
-func (c *Client) action(ctx context.Context, id, verb string, why api.ActionRequest) (store.Machine, error) {
-	var out store.Machine
+func (c *Client) action(ctx context.Context, id, verb string, why api.ActionRequest) (api.Machine, error) {
+	var out api.Machine
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/machines/" + seg(id) + "/" + verb, json: why}, &out)
 	return out, err
 }
 
 // EnrollBMC stores the BMC of a machine and its password, which is kept
 // encrypted and never returned (POST /v1/machines/{id}/bmc, 201). Role admin.
-func (c *Client) EnrollBMC(ctx context.Context, machineID string, req api.BMCEnrollRequest) (store.BMC, error) {
-	var out store.BMC
+func (c *Client) EnrollBMC(ctx context.Context, machineID string, req api.BMCEnrollRequest) (api.BMC, error) {
+	var out api.BMC
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/machines/" + seg(machineID) + "/bmc", json: req}, &out)
 	return out, err
 }

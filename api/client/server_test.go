@@ -157,8 +157,9 @@ func (d dirCatalog) Upload(_ context.Context, name string, r io.Reader, want str
 
 func (d dirCatalog) Delete(name string) error { return os.Remove(filepath.Join(d.dir, name)) }
 
-// env is a real api.Server over a one-node raft store and the lifecycle
-// controller, on an httptest listener.
+// env is a real api.Server over the real store (storetest.NewLocal: the
+// store's apply path, no raft) and the lifecycle controller, on an
+// httptest listener.
 type env struct {
 	t    *testing.T
 	st   *store.Store
@@ -169,7 +170,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	st := storetest.NewLocal(t)
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"kiln/api"
-	"kiln/store"
 )
 
 // Healthz is GET /healthz: the process answers (no auth).
@@ -41,37 +40,37 @@ func (c *Client) SiteStatus(ctx context.Context) (api.SiteStatus, error) {
 }
 
 // ListSites is GET /v1/sites. Role viewer.
-func (c *Client) ListSites(ctx context.Context) ([]store.Site, error) {
+func (c *Client) ListSites(ctx context.Context) ([]api.Site, error) {
 	var out api.SiteList
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/sites"}, &out)
 	return out.Items, err
 }
 
 // GetSite is GET /v1/sites/{id}. Role viewer; 404 not_found.
-func (c *Client) GetSite(ctx context.Context, id string) (store.Site, error) {
-	var out store.Site
+func (c *Client) GetSite(ctx context.Context, id string) (api.Site, error) {
+	var out api.Site
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/sites/" + seg(id)}, &out)
 	return out, err
 }
 
 // CreateSite is POST /v1/sites (201; spec.ID optional, assigned when
 // empty; spec.ResourceVersion must be 0). Role admin.
-func (c *Client) CreateSite(ctx context.Context, spec api.SiteSpec) (store.Site, error) {
-	var out store.Site
+func (c *Client) CreateSite(ctx context.Context, spec api.SiteSpec) (api.Site, error) {
+	var out api.Site
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/sites", json: spec}, &out)
 	return out, err
 }
 
 // UpdateSite is PUT /v1/sites/{id}: spec.ResourceVersion must be the
 // site's current one, else 409 conflict. Role admin.
-func (c *Client) UpdateSite(ctx context.Context, id string, spec api.SiteSpec) (store.Site, error) {
-	var out store.Site
+func (c *Client) UpdateSite(ctx context.Context, id string, spec api.SiteSpec) (api.Site, error) {
+	var out api.Site
 	_, err := c.do(ctx, request{method: http.MethodPut, path: "/v1/sites/" + seg(id), json: spec}, &out)
 	return out, err
 }
 
 // ListRacks is GET /v1/racks, of one site when site is not "". Role viewer.
-func (c *Client) ListRacks(ctx context.Context, site string) ([]store.Rack, error) {
+func (c *Client) ListRacks(ctx context.Context, site string) ([]api.Rack, error) {
 	var q url.Values
 	if site != "" {
 		q = url.Values{"site": {site}}
@@ -82,28 +81,28 @@ func (c *Client) ListRacks(ctx context.Context, site string) ([]store.Rack, erro
 }
 
 // GetRack is GET /v1/racks/{id}. Role viewer; 404 not_found.
-func (c *Client) GetRack(ctx context.Context, id string) (store.Rack, error) {
-	var out store.Rack
+func (c *Client) GetRack(ctx context.Context, id string) (api.Rack, error) {
+	var out api.Rack
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/racks/" + seg(id)}, &out)
 	return out, err
 }
 
 // CreateRack is POST /v1/racks (201), like CreateSite. Role admin.
-func (c *Client) CreateRack(ctx context.Context, spec api.RackSpec) (store.Rack, error) {
-	var out store.Rack
+func (c *Client) CreateRack(ctx context.Context, spec api.RackSpec) (api.Rack, error) {
+	var out api.Rack
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/racks", json: spec}, &out)
 	return out, err
 }
 
 // UpdateRack is PUT /v1/racks/{id}, like UpdateSite. Role admin.
-func (c *Client) UpdateRack(ctx context.Context, id string, spec api.RackSpec) (store.Rack, error) {
-	var out store.Rack
+func (c *Client) UpdateRack(ctx context.Context, id string, spec api.RackSpec) (api.Rack, error) {
+	var out api.Rack
 	_, err := c.do(ctx, request{method: http.MethodPut, path: "/v1/racks/" + seg(id), json: spec}, &out)
 	return out, err
 }
 
 // ListJobs is GET /v1/jobs, of one machine when machine is not "". Role viewer.
-func (c *Client) ListJobs(ctx context.Context, machine string) ([]store.Job, error) {
+func (c *Client) ListJobs(ctx context.Context, machine string) ([]api.Job, error) {
 	var q url.Values
 	if machine != "" {
 		q = url.Values{"machine": {machine}}
@@ -114,8 +113,8 @@ func (c *Client) ListJobs(ctx context.Context, machine string) ([]store.Job, err
 }
 
 // GetJob is GET /v1/jobs/{id}. Role viewer; 404 not_found.
-func (c *Client) GetJob(ctx context.Context, id string) (store.Job, error) {
-	var out store.Job
+func (c *Client) GetJob(ctx context.Context, id string) (api.Job, error) {
+	var out api.Job
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/jobs/" + seg(id)}, &out)
 	return out, err
 }

@@ -9,7 +9,6 @@ import (
 
 	"kiln/api"
 	"kiln/api/client"
-	"kiln/store"
 )
 
 // claimCmd is `kiln machines claim`: N available machines by role and labels,
@@ -32,7 +31,7 @@ func claimCmd(o *cliOpts) *cobra.Command {
 				return err
 			}
 			req := api.ClaimRequest{Role: role, Labels: sel, Count: count, Reason: reason,
-				Claim: store.Claim{Image: image, Role: role, Labels: nl, SSHKeys: sshKeys}}
+				Claim: api.Claim{Image: image, Role: role, Labels: nl, SSHKeys: sshKeys}}
 			if userData != "" {
 				b, err := os.ReadFile(userData)
 				if err != nil {
@@ -83,9 +82,9 @@ func sitesCmd(o *cliOpts) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME", Short: "Create a site", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return show(o, cmd, func(ctx context.Context, cl *client.Client) (store.Site, error) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Site, error) {
 				return cl.CreateSite(ctx, api.SiteSpec{Name: args[0], Description: desc})
-			}, func(s store.Site) func(*tabwriter.Writer) {
+			}, func(s api.Site) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) { row(tw, "ID", "NAME"); row(tw, s.ID, s.Name) }
 			})
 		},
@@ -122,9 +121,9 @@ func racksCmd(o *cliOpts) *cobra.Command {
 		Use: "create NAME --site SITE", Short: "Create a rack", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec := api.RackSpec{Site: site, Name: args[0], Row: rowName, Units: units}
-			return show(o, cmd, func(ctx context.Context, cl *client.Client) (store.Rack, error) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Rack, error) {
 				return cl.CreateRack(ctx, spec)
-			}, func(r store.Rack) func(*tabwriter.Writer) {
+			}, func(r api.Rack) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) { row(tw, "ID", "SITE", "NAME"); row(tw, r.ID, r.Site, r.Name) }
 			})
 		},

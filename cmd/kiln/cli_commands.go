@@ -26,7 +26,6 @@ import (
 	"kiln/api"
 	"kiln/api/client"
 	"kiln/appliance/lifecycle/rules"
-	"kiln/store"
 )
 
 // cliOpts are the persistent client flags on the root command.
@@ -74,14 +73,14 @@ func parseLabels(flag string, kvs []string) (map[string]string, error) {
 	return m, nil
 }
 
-func firstMAC(m store.Machine) string {
+func firstMAC(m api.Machine) string {
 	if len(m.Intended.NICs) > 0 {
 		return m.Intended.NICs[0].MAC
 	}
 	return ""
 }
 
-func machineTable(ms []store.Machine) func(*tabwriter.Writer) {
+func machineTable(ms []api.Machine) func(*tabwriter.Writer) {
 	return func(tw *tabwriter.Writer) {
 		row(tw, "ID", "NAME", "STATE", "RACK", "U", "MAC", "IPV4", "REASON")
 		for _, m := range ms {
@@ -94,7 +93,7 @@ func machineTable(ms []store.Machine) func(*tabwriter.Writer) {
 	}
 }
 
-func machineDetail(m store.Machine) func(*tabwriter.Writer) {
+func machineDetail(m api.Machine) func(*tabwriter.Writer) {
 	return func(tw *tabwriter.Writer) {
 		row(tw, "ID:", m.ID)
 		row(tw, "Name:", dash(m.Name))
@@ -152,7 +151,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				return err
 			}
 			q := client.MachineQuery{State: state, Rack: rack, Labels: sel, Limit: limit}
-			var items []store.Machine
+			var items []api.Machine
 			next := after
 			for {
 				// One request per page, each bounded by requestTimeout.
@@ -170,7 +169,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				}
 			}
 			if items == nil {
-				items = []store.Machine{}
+				items = []api.Machine{}
 			}
 			if err := render(cmd.OutOrStdout(), o.output, api.MachineList{Items: items, Next: next}, machineTable(items)); err != nil {
 				return err
@@ -193,13 +192,13 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 		Short: "Show one machine",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return show(o, cmd, func(ctx context.Context, cl *client.Client) (store.Machine, error) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Machine, error) {
 				return cl.GetMachine(ctx, args[0])
 			}, machineDetail)
 		},
 	}
 
-	var claim store.Claim
+	var claim api.Claim
 	var userDataFile, reason string
 	var claimLabels []string
 	prov := &cobra.Command{
@@ -230,7 +229,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return render(cmd.OutOrStdout(), o.output, m, machineTable([]store.Machine{m}))
+			return render(cmd.OutOrStdout(), o.output, m, machineTable([]api.Machine{m}))
 		},
 	}
 	prov.Flags().StringVar(&claim.Image, "image", "", "image ID (required)")
@@ -249,8 +248,8 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 }
 
 func statesList() string {
-	s := make([]string, len(store.AllStates))
-	for i, st := range store.AllStates {
+	s := make([]string, len(client.States()))
+	for i, st := range client.States() {
 		s[i] = string(st)
 	}
 	return strings.Join(s, "|")
@@ -258,16 +257,16 @@ func statesList() string {
 
 // actionCmd is `kiln machines VERB ID` for a body-optional action; do is
 // the client's method of it (Release, Erase, Inspect).
-func actionCmd(o *cliOpts, verb, short string, do func(*client.Client, context.Context, string, api.ActionRequest) (store.Machine, error)) *cobra.Command {
+func actionCmd(o *cliOpts, verb, short string, do func(*client.Client, context.Context, string, api.ActionRequest) (api.Machine, error)) *cobra.Command {
 	var reason, message string
 	c := &cobra.Command{
 		Use:   verb + " ID",
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return show(o, cmd, func(ctx context.Context, cl *client.Client) (store.Machine, error) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Machine, error) {
 				return do(cl, ctx, args[0], api.ActionRequest{Reason: reason, Message: message})
-			}, func(m store.Machine) func(*tabwriter.Writer) { return machineTable([]store.Machine{m}) })
+			}, func(m api.Machine) func(*tabwriter.Writer) { return machineTable([]api.Machine{m}) })
 		},
 	}
 	c.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
@@ -431,7 +430,7 @@ decompressed once here to compute them.`,
 			// No overall timeout: an image may take long; Ctrl-C cancels.
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			var im store.Image
+			var im api.Image
 			if id != "" {
 				im, _, err = cl.PutImage(ctx, id, meta, &pr, fi.Size())
 			} else {
@@ -625,7 +624,7 @@ func statusCmd(o *cliOpts) *cobra.Command {
 					row(tw, "Version:", st.Version)
 					row(tw, "Raft:", role, "leader="+dash(st.Raft.Leader), ready)
 					row(tw, "Machines:", st.Total)
-					for _, s := range store.AllStates {
+					for _, s := range client.States() {
 						if n := st.Counts[s]; n > 0 {
 							row(tw, "  "+string(s)+":", n)
 						}

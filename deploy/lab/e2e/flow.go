@@ -27,7 +27,6 @@ import (
 	"kiln/deploy/lab/ipmilab"
 	"kiln/deploy/lab/labimage"
 	"kiln/deploy/lab/labnet"
-	"kiln/store"
 )
 
 // Options of one run.
@@ -50,7 +49,7 @@ type Options struct {
 // Result of a run.
 type Result struct {
 	MachineID     string
-	FinalState    store.MachineState
+	FinalState    client.MachineState
 	Reason        string
 	PowerOnAt     time.Time
 	Seconds       float64 // power-on → final state
@@ -171,28 +170,28 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	// Follow events until the machine settles.
 	w := &watcher{k: k, o: o, id: r.MachineID, stateDir: stateDir, say: say}
-	if err := w.until(ctx, func(m store.Machine) bool {
-		return m.State == store.StateAvailable || m.State == store.StateFailed || m.State == store.StateQuarantined
+	if err := w.until(ctx, func(m api.Machine) bool {
+		return m.State == client.StateAvailable || m.State == client.StateFailed || m.State == client.StateQuarantined
 	}); err != nil {
 		return r, err
 	}
-	if w.last.State != store.StateAvailable {
+	if w.last.State != client.StateAvailable {
 		return r, fmt.Errorf("inspection ended %s (%s): %s", w.last.State, w.last.Reason, w.last.Message)
 	}
 	say("claim: provisioning %s with %s", r.MachineID, im.ID)
-	if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: store.Claim{Image: im.ID,
+	if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: api.Claim{Image: im.ID,
 		Hostname: "lab-node-1", Role: "worker", Labels: map[string]string{"lab": "e2e"}}}); err != nil {
 		return r, fmt.Errorf("provision: %w", err)
 	}
-	if err := w.until(ctx, func(m store.Machine) bool {
-		return m.State == store.StateProvisioned || m.State == store.StateFailed || m.State == store.StateQuarantined
+	if err := w.until(ctx, func(m api.Machine) bool {
+		return m.State == client.StateProvisioned || m.State == client.StateFailed || m.State == client.StateQuarantined
 	}); err != nil {
 		return r, err
 	}
 	r.FinalState, r.Reason = w.last.State, w.last.Reason
 	r.PowerOnAt = w.powerOn
 	// The built binary's CLI, run as an operator runs it, sees what the client saw.
-	var seen store.Machine
+	var seen api.Machine
 	if err := k.cliJSON(ctx, &seen, "machines", "get", r.MachineID); err != nil {
 		return r, err
 	}
@@ -204,7 +203,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 
 	switch {
-	case o.WantReason == "" && r.FinalState == store.StateProvisioned:
+	case o.WantReason == "" && r.FinalState == client.StateProvisioned:
 		if o.Firmware == "bios" {
 			// The reboot's iPXE script exits to the local disk; SeaBIOS then runs
 			// the image's boot sector, which prints diskMsg on the serial port.
@@ -220,7 +219,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return r, err
 		}
 		say("disk: every byte as expected (image, partition table, cidata, zeros): %v %s; cidata files: %d", r.DiskImageOK, r.DiskProblem, len(r.Cidata))
-	case o.WantReason != "" && r.FinalState == store.StateFailed:
+	case o.WantReason != "" && r.FinalState == client.StateFailed:
 		stopVM(ctx, k, r.MachineID, lab)
 		r.DiskUntouched, err = allZero(disk)
 		if err != nil {
@@ -397,16 +396,16 @@ lifecycle:
 
 // uploadImage streams the lab image to Kiln, which checks it against its
 // SHA-256 as it stores it.
-func uploadImage(ctx context.Context, c *client.Client, img labimage.Image) (store.Image, error) {
+func uploadImage(ctx context.Context, c *client.Client, img labimage.Image) (api.Image, error) {
 	f, err := os.Open(img.Path)
 	if err != nil {
-		return store.Image{}, err
+		return api.Image{}, err
 	}
 	defer f.Close()
 	im, err := c.UploadImage(ctx, client.ImageMeta{Name: "lab-image", Version: "1", SHA256: img.SHA256,
 		Source: filepath.Base(img.Path)}, f, img.Size)
 	if err != nil {
-		return store.Image{}, fmt.Errorf("image upload: %w", err)
+		return api.Image{}, fmt.Errorf("image upload: %w", err)
 	}
 	return im, nil
 }
@@ -444,12 +443,12 @@ type watcher struct {
 	stateDir   string
 	say        func(string, ...any)
 	after      uint64
-	last       store.Machine
+	last       api.Machine
 	powerOn    time.Time
 	lastChange time.Time
 }
 
-func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) error {
+func (w *watcher) until(ctx context.Context, done func(api.Machine) bool) error {
 	for {
 		if w.powerOn.IsZero() {
 			// Power-on as the VM sees it: the BMC started qemu with a serial log.
@@ -491,7 +490,7 @@ func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) erro
 	}
 }
 
-func (w *watcher) print(e store.Event) {
+func (w *watcher) print(e api.Event) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "  event %-5d %-10s %-22s", e.Index, e.Kind, e.Subject)
 	if e.From != "" || e.To != "" {
