@@ -497,3 +497,29 @@ func TestForeignAnswers(t *testing.T) {
 		t.Fatalf("no server: %v", err)
 	}
 }
+
+// The client sends each call once: a write whose connection is cut before
+// any answer is one request on the server and an error to the caller.
+func TestNoHiddenRetries(t *testing.T) {
+	var n atomic.Int64
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close() // no answer at all
+		}
+	}))
+	defer hs.Close()
+	c, err := client.New(client.Config{Server: hs.URL, Token: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.CreateMachine(ctxT(t), api.MachineSpec{Name: "x"})
+	if err == nil || client.AsError(err) != nil {
+		t.Fatalf("cut connection: %v", err)
+	}
+	if got := n.Load(); got != 1 {
+		t.Fatalf("the server saw %d requests for one call", got)
+	}
+}
