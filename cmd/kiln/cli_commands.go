@@ -248,8 +248,9 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 }
 
 func statesList() string {
-	s := make([]string, len(client.States()))
-	for i, st := range client.States() {
+	states := client.States()
+	s := make([]string, len(states))
+	for i, st := range states {
 		s[i] = string(st)
 	}
 	return strings.Join(s, "|")
