@@ -463,7 +463,7 @@ func (w *watcher) until(ctx context.Context, done func(api.Machine) bool) error 
 			return fmt.Errorf("machines get %s: %w", w.id, err)
 		}
 		for {
-			el, err := w.k.api.Events(ctx, client.EventQuery{After: w.after, Limit: 1000})
+			el, err := w.k.api.Events(ctx, client.EventQuery{After: w.after, Limit: api.MaxListLimitCap})
 			if err != nil {
 				return fmt.Errorf("events after %d: %w", w.after, err)
 			}
@@ -474,7 +474,7 @@ func (w *watcher) until(ctx context.Context, done func(api.Machine) bool) error 
 				w.print(e)
 			}
 			w.after = el.Next
-			if len(el.Events) < 1000 {
+			if len(el.Events) < api.MaxListLimitCap {
 				break
 			}
 		}
