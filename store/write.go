@@ -28,7 +28,9 @@ func randID(prefix string) string {
 }
 
 // prepare fixes everything non-deterministic before the command is logged:
-// the time and any missing record IDs. Only the leader calls it.
+// the time and any missing record IDs (not for an agent report, which never
+// creates a machine: its apply refuses an empty ID). Only the leader calls
+// it.
 func prepare(c *command) {
 	c.Time = time.Now().UTC()
 	setID := func(m *Meta, prefix string) {
@@ -47,6 +49,9 @@ func prepare(c *command) {
 		setID(&c.Image.Meta, "img-")
 	case c.Job != nil:
 		setID(&c.Job.Meta, "job-")
+	}
+	if c.Type == CmdAgentReport {
+		return
 	}
 	for i := range c.Machines {
 		setID(&c.Machines[i].Meta, "m-")
