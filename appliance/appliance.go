@@ -135,8 +135,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		MinReadMBps:        cfg.Lifecycle.MinReadMBps,
 		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
-		Sealer:             sealerAdapter{sealer},
-		Catalog:            catalogAdapter{catalog},
+		Sealer:             SealerFor(sealer),
+		Catalog:            CatalogFor(catalog),
 	}, st, bmcA, reg)
 	if err != nil {
 		return nil, err
@@ -159,26 +159,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		Tokens:          tokens,
 		BodyIdleTimeout: cfg.API.BodyIdleTimeout,
 		JSONBodyTimeout: cfg.API.JSONBodyTimeout,
-		ErrorClasses: []api.ErrorClass{
-			{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
-			{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
-			{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
-			{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},
-			{Err: lifecycle.ErrImageFormat, Status: http.StatusBadRequest, Code: "format_mismatch"},
-			{Err: lifecycle.ErrImageSize, Status: http.StatusBadRequest, Code: "size_mismatch"},
-			{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
-			{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
-			{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
-			{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
-			{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
-			// The catalog's upload errors are the client's: a body whose
-			// SHA-256 or length differs from the declared one, or a bad name.
-			{Err: httpboot.ErrDigestMismatch, Status: http.StatusBadRequest, Code: "digest_mismatch"},
-			{Err: httpboot.ErrSizeMismatch, Status: http.StatusBadRequest, Code: "size_mismatch"},
-			{Err: httpboot.ErrBadDigest, Status: http.StatusBadRequest, Code: "invalid"},
-			{Err: httpboot.ErrBadName, Status: http.StatusBadRequest, Code: "invalid"},
-		},
-	}, &apiBackend{Store: st, Controller: life, bmc: bmcA, version: version}, reg, log)
+		ErrorClasses:    ErrorClasses(),
+	}, NewAPIBackend(lifecycle.NewService(life, st), st, version), reg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +206,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		}
 		a.dhcpB = &dhcpBackend{
 			st:          st,
+			discover:    life,
 			scriptURL:   func(mac string) string { return baseURL + "/ipxe/" + mac },
 			log:         log.With("component", "dhcp"),
 			discoveries: make(chan discovery, 256),
@@ -351,5 +334,31 @@ func (a *Appliance) close() {
 		if err := a.Store.Close(); err != nil {
 			a.log.Warn("closing store", "err", err)
 		}
+	}
+}
+
+// ErrorClasses maps the sentinel errors of the domain and of the parts it
+// drives (lifecycle, the image catalog, the BMC adapter) to the REST API's
+// statuses and codes (api.Config.ErrorClasses): the one table, used by
+// New and by the tests of the API over the real domain.
+func ErrorClasses() []api.ErrorClass {
+	return []api.ErrorClass{
+		{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
+		{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
+		{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
+		{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+		{Err: lifecycle.ErrImageFormat, Status: http.StatusBadRequest, Code: "format_mismatch"},
+		{Err: lifecycle.ErrImageSize, Status: http.StatusBadRequest, Code: "size_mismatch"},
+		{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
+		{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
+		{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
+		{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
+		{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
+		// The catalog's upload errors are the client's: a body whose
+		// SHA-256 or length differs from the declared one, or a bad name.
+		{Err: httpboot.ErrDigestMismatch, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+		{Err: httpboot.ErrSizeMismatch, Status: http.StatusBadRequest, Code: "size_mismatch"},
+		{Err: httpboot.ErrBadDigest, Status: http.StatusBadRequest, Code: "invalid"},
+		{Err: httpboot.ErrBadName, Status: http.StatusBadRequest, Code: "invalid"},
 	}
 }
