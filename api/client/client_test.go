@@ -286,17 +286,19 @@ func TestActions(t *testing.T) {
 		t.Fatalf("claim: %v %+v", err, claimed)
 	}
 
+	err = admin.DeleteImage(ctx, im.ID)
+	if ce := wantErr(t, err, 409, api.CodeImageInUse); !strings.Contains(ce.Hint(), "release") {
+		t.Fatalf("image in use: hint %q", ce.Hint())
+	}
+
 	rel, err := op.Release(ctx, prov.ID, api.ActionRequest{Reason: "decommission"})
 	if err != nil || rel.State != store.StateErasing {
 		t.Fatalf("release: %v %+v", err, rel)
 	}
 	_, err = op.Release(ctx, reg.ID, api.ActionRequest{})
-	ce := client.AsError(err)
-	if ce == nil || ce.Status != 409 {
-		t.Fatalf("release registered: %v", err)
-	}
-	if ce.Code() == api.CodeIllegalTransition && (ce.Detail.From != "registered" || !strings.Contains(ce.Hint(), "registered")) {
-		t.Fatalf("illegal transition: from %q hint %q", ce.Detail.From, ce.Hint())
+	ce := wantErr(t, err, 409, "wrong_state")
+	if !strings.Contains(ce.Message(), "registered") || !strings.Contains(ce.Hint(), "state and reason") {
+		t.Fatalf("wrong state: message %q hint %q", ce.Message(), ce.Hint())
 	}
 	if m, err := op.Inspect(ctx, a3.ID, api.ActionRequest{Message: "re-check"}); err != nil || m.State != store.StateInspecting {
 		t.Fatalf("inspect: %v %+v", err, m)
@@ -444,7 +446,7 @@ func TestSiteRacksStatus(t *testing.T) {
 
 	e.machineIn("s1", "52:54:00:00:50:01", nil, store.StateAvailable)
 	st, err := viewer.SiteStatus(ctx)
-	if err != nil || st.Total != 1 || st.Counts[store.StateAvailable] != 1 || !st.Raft.IsLeader || st.Version != "client-test" {
+	if err != nil || st.Total != 1 || st.Counts[store.StateAvailable] != 1 || !st.Raft.IsLeader || st.Version != "test" {
 		t.Fatalf("status: %v %+v", err, st)
 	}
 	anon := e.client("")

@@ -43,6 +43,8 @@ func (e *Error) Message() string {
 //	403                         use a token whose role may do this (operator or admin)
 //	409 illegal_transition      the machine's state (from) does not allow it
 //	409 conflict                read the object again and retry with its resource_version
+//	409 image_in_use            release the machine whose claim names the image
+//	any other 409               read the object again for its state and reason
 //	503 not_leader with leader  retry: the leader is known (its raft address) but was not reached
 //	503 not_leader              no leader yet; retry in a few seconds
 //	400 import_rejected         fix the rows; nothing was imported
@@ -58,6 +60,10 @@ func (e *Error) Hint() string {
 		return fmt.Sprintf("the machine is %s, which does not allow that", d.From)
 	case d.Code == api.CodeConflict:
 		return "someone changed it first: read it again and retry with its resource_version"
+	case d.Code == api.CodeImageInUse:
+		return "a machine's claim names this image; release that machine first"
+	case e.Status == http.StatusConflict:
+		return "its state does not allow that now; read it again for its state and reason"
 	case d.Code == api.CodeNotLeader && d.Leader != "":
 		// Leader is the raft address (api.Health.Leader), not an API URL.
 		return "this node could not reach the leader (raft address " + d.Leader + "); retry in a few seconds"

@@ -119,7 +119,7 @@ func (o *cliOpts) hint(e *client.Error) string {
 		return "set KILN_TOKEN or --token (the rejected token came from " + o.tokenSrc + ")"
 	case e.Code() == api.CodeIllegalTransition:
 		return fmt.Sprintf("the machine is %s; see `kiln machines get` for its state and reason", termSafe(e.Detail.From))
-	case e.Status == http.StatusConflict && e.Code() != api.CodeConflict:
+	case e.Status == http.StatusConflict && e.Code() != api.CodeConflict && e.Code() != api.CodeImageInUse:
 		return "see `kiln machines get ID` for its state and reason"
 	case e.Status == http.StatusNotFound:
 		return "check the ID with `kiln machines list` / `kiln images list`"
