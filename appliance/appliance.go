@@ -66,13 +66,16 @@ type Appliance struct {
 	bootLn  net.Listener
 	dhcp    *dhcp.Server
 	dhcpB   *dhcpBackend
+	bmc     *bmcAdapter // opens BMC credentials with the site key
 	tftp    *tftp.Server
 	version string
 }
 
-// New builds the appliance: it opens the store (a corrupt data file is an
-// error naming it), creates the admin token and site key on first start, and
-// constructs every service. Nothing listens until Run, except the store's raft
+// New builds the appliance: it gets the node's site certificate and the
+// site key (siteCredentials: made at bootstrap, received from a member when
+// joining with a token), opens the store (a corrupt data file is an error
+// naming it), creates the admin token on first start, and constructs every
+// service. Nothing listens until Run, except the store's raft
 // transport and the boot HTTP listener (bound here so a busy port fails fast).
 func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -82,12 +85,18 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a := &Appliance{cfg: cfg, log: log, reg: reg, version: version}
 
+	ident, key, err := siteCredentials(cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	st, err := store.Open(store.Config{
 		NodeID:      cfg.NodeID,
 		DataDir:     filepath.Join(cfg.DataDir, "store"),
 		RaftAddr:    cfg.Raft.Addr,
 		ForwardAddr: cfg.Raft.ForwardAddr,
 		Bootstrap:   cfg.Raft.Bootstrap,
+		Identity:    ident,
+		JoinSecrets: func() (map[string][]byte, error) { return map[string][]byte{siteKeySecret: key}, nil },
 	}, log, reg)
 	if err != nil {
 		return nil, err
@@ -100,10 +109,6 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		}
 	}()
 
-	key, err := bmc.LoadOrCreateKey(cfg.BMC.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
-	}
 	sealer, err := bmc.NewSealer(key)
 	if err != nil {
 		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
@@ -127,6 +132,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	baseURL := "http://" + cfg.Boot.HTTPAddr
 
 	bmcA := &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}
+	a.bmc = bmcA
 	life, err := lifecycle.New(lifecycle.Config{
 		ImageBaseURL:       baseURL,
 		UnknownMachines:    cfg.Boot.UnknownMachines,

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kiln/api"
+)
+
+// clusterCmd is `kiln cluster`: join tokens and members of the site
+// cluster (api/cluster.go routes).
+func clusterCmd(o *cliOpts) *cobra.Command {
+	c := &cobra.Command{Use: "cluster", Short: "The site cluster: join tokens and members"}
+	token := &cobra.Command{Use: "token", Short: "One-time join tokens for new nodes"}
+	var ttl time.Duration
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Create a one-time join token (printed once; the cluster keeps only its hash)",
+		Long: `Create a one-time join token. Give it to the new node as raft.join_token
+(with raft.join listing members' forward addresses and raft.bootstrap: false).
+The token also carries the SHA-256 of the site CA's public key, so the new node
+checks it is talking to this cluster before it sends the token. It works once,
+and only until it expires (--ttl, 1m to 168h).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := api.JoinTokenRequest{}
+			if ttl != 0 {
+				req.TTL = ttl.String()
+			}
+			var out api.JoinTokenCreated
+			return o.call(cmd, "POST", "/v1/cluster/tokens", req, &out, func() func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					row(tw, "Token:", out.Token)
+					row(tw, "ID:", out.ID)
+					row(tw, "Expires:", out.ExpiresAt.Format(time.RFC3339))
+					row(tw, "Site CA:", out.CAHash)
+				}
+			})
+		},
+	}
+	create.Flags().DurationVar(&ttl, "ttl", 0, "how long the token is valid (default 1h)")
+	token.AddCommand(create)
+
+	members := &cobra.Command{
+		Use:   "members",
+		Short: "List the cluster's members",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var out api.ClusterMemberList
+			return o.call(cmd, "GET", "/v1/cluster/members", nil, &out, func() func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					row(tw, "ID", "ROLE", "SUFFRAGE", "RAFT", "FORWARD", "CERT SERIAL", "JOINED")
+					for _, m := range out.Items {
+						role := "follower"
+						if m.Leader {
+							role = "leader"
+						}
+						joined := "bootstrap"
+						if !m.JoinedAt.IsZero() {
+							joined = m.JoinedAt.Format(time.RFC3339)
+						}
+						row(tw, m.ID, role, m.Suffrage, m.RaftAddr, dash(m.ForwardAddr), dash(m.CertSerial), joined)
+					}
+				}
+			})
+		},
+	}
+	remove := &cobra.Command{
+		Use:   "remove ID",
+		Short: "Remove a member from the cluster; its certificate is refused from then on",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := o.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			if err := cl.do(ctx, "DELETE", "/v1/cluster/members/"+url.PathEscape(args[0]), nil, nil, "", nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", termSafe(args[0]))
+			return nil
+		},
+	}
+	c.AddCommand(token, members, remove)
+	return c
+}
