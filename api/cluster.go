@@ -18,6 +18,7 @@ import (
 //	POST   /v1/cluster/tokens        JoinTokenRequest → 201 JoinTokenCreated
 //	GET    /v1/cluster/members       → 200 ClusterMemberList
 //	DELETE /v1/cluster/members/{id}  → 204
+//	POST   /v1/site/rotate-key       → 200 SiteKeyRotation (backend: SiteKeyBackend)
 
 // ClusterBackend is what the cluster routes need (store.Store implements it).
 // Errors: store.ErrInvalid (a TTL out of range, the only voter), store.ErrNotFound
@@ -64,6 +65,22 @@ type ClusterMemberList struct {
 	Items []ClusterMember `json:"items"`
 }
 
+// SiteKeyBackend rotates the site key that seals BMC credentials (the
+// appliance implements it; appliance/sitekey.go says how no credential is
+// ever unopenable during the rotation).
+type SiteKeyBackend interface {
+	RotateSiteKey(ctx context.Context, w store.W) (SiteKeyRotation, error)
+}
+
+// SiteKeyRotation answers POST /v1/site/rotate-key: the new key's ID (hex of
+// the first 8 bytes of its SHA-256, also the key ID sealed blobs carry), the
+// IDs of the keys it replaced and how many credentials were re-sealed.
+type SiteKeyRotation struct {
+	KeyID     string   `json:"key_id"`
+	OldKeyIDs []string `json:"old_key_ids"`
+	Resealed  int      `json:"resealed"`
+}
+
 // errNoCluster: the backend has no cluster operations.
 var errNoCluster = fmt.Errorf("%w: this server's backend has no cluster operations", ErrInvalid)
 
@@ -72,6 +89,7 @@ func (s *Server) clusterRoutes(admin, view echo.MiddlewareFunc) {
 	s.e.POST("/v1/cluster/tokens", s.createJoinToken, admin)
 	s.e.GET("/v1/cluster/members", s.listMembers, view)
 	s.e.DELETE("/v1/cluster/members/:id", s.removeMember, admin)
+	s.e.POST("/v1/site/rotate-key", s.rotateSiteKey, admin)
 }
 
 // clusterDocOps documents the cluster routes (appended to docOps).
@@ -83,6 +101,8 @@ func clusterDocOps() []docOp {
 			Role: RoleViewer, Status: 200, Resp: ClusterMemberList{}},
 		{Method: "DELETE", Path: "/v1/cluster/members/{id}", Summary: "Remove a member; its certificate is refused from then on",
 			Role: RoleAdmin, Status: 204},
+		{Method: "POST", Path: "/v1/site/rotate-key", Summary: "Replace the site key: re-seal every BMC credential under a new key, on every member, with no credential unopenable at any moment",
+			Role: RoleAdmin, Status: 200, Resp: SiteKeyRotation{}},
 	}
 }
 
@@ -147,4 +167,16 @@ func (s *Server) removeMember(c echo.Context) error {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) rotateSiteKey(c echo.Context) error {
+	kb, ok := s.b.(SiteKeyBackend)
+	if !ok {
+		return errNoCluster
+	}
+	out, err := kb.RotateSiteKey(c.Request().Context(), s.w(c, "site_key_rotated", ""))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
 }

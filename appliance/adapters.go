@@ -21,6 +21,7 @@ type apiBackend struct {
 	*store.Store
 	*lifecycle.Controller
 	bmc     *bmcAdapter // reads BMC inventory after an enrollment; nil = none
+	keys    *siteKeys   // site key rotation (sitekey.go)
 	version string
 }
 

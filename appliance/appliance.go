@@ -85,7 +85,11 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a := &Appliance{cfg: cfg, log: log, reg: reg, version: version}
 
-	ident, key, err := siteCredentials(cfg, log)
+	ident, keys, err := siteCredentials(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	siteK, err := newSiteKeys(cfg.BMC.KeyFile, keys, log)
 	if err != nil {
 		return nil, err
 	}
@@ -96,12 +100,14 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		ForwardAddr: cfg.Raft.ForwardAddr,
 		Bootstrap:   cfg.Raft.Bootstrap,
 		Identity:    ident,
-		JoinSecrets: func() (map[string][]byte, error) { return map[string][]byte{siteKeySecret: key}, nil },
+		JoinSecrets: siteK.joinSecrets,
+		OnSecrets:   siteK.update,
 	}, log, reg)
 	if err != nil {
 		return nil, err
 	}
 	a.Store = st
+	siteK.st = st
 	ok := false
 	defer func() {
 		if !ok {
@@ -109,10 +115,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		}
 	}()
 
-	sealer, err := bmc.NewSealer(key)
-	if err != nil {
-		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
-	}
+	sealer := siteK.sealer
 	bmcCtl, err := bmc.New(bmc.Config{
 		CallTimeout:        cfg.BMC.Timeout,
 		Retries:            cfg.BMC.Retries,
@@ -184,7 +187,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 			{Err: httpboot.ErrBadDigest, Status: http.StatusBadRequest, Code: "invalid"},
 			{Err: httpboot.ErrBadName, Status: http.StatusBadRequest, Code: "invalid"},
 		},
-	}, &apiBackend{Store: st, Controller: life, bmc: bmcA, version: version}, reg, log)
+	}, &apiBackend{Store: st, Controller: life, bmc: bmcA, keys: siteK, version: version}, reg, log)
 	if err != nil {
 		return nil, err
 	}

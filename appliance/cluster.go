@@ -16,12 +16,8 @@ import (
 	"kiln/store/pki"
 )
 
-// siteKeySecret is the name of the site key among the secrets a member
-// hands a node it admits (store.Config.JoinSecrets).
-const siteKeySecret = "site_key"
-
 // siteCredentials returns this node's site certificate (package pki) and
-// the site key that seals BMC credentials, making or fetching them on the
+// the site keyring that seals BMC credentials (primary first), making or fetching them on the
 // node's first start (store/DESIGN.md "Cluster trust"):
 //
 //   - credentials in raft.tls_dir: they are used (the node ID must match);
@@ -32,7 +28,7 @@ const siteKeySecret = "site_key"
 //     (so a single node needs no operator step) and the site key is made or
 //     kept (bmc.LoadOrCreateKey);
 //   - otherwise an error saying what to set.
-func siteCredentials(cfg Config, log *slog.Logger) (*pki.Identity, []byte, error) {
+func siteCredentials(cfg Config, log *slog.Logger) (*pki.Identity, [][]byte, error) {
 	id, err := pki.Load(cfg.Raft.TLSDir)
 	switch {
 	case err == nil:
@@ -41,11 +37,11 @@ func siteCredentials(cfg Config, log *slog.Logger) (*pki.Identity, []byte, error
 				"restore the node_id, or move %s aside and join the node again with a join token",
 				cfg.Raft.TLSDir, id.NodeID(), cfg.NodeID, cfg.Raft.TLSDir)
 		}
-		key, err := bmc.LoadOrCreateKey(cfg.BMC.KeyFile)
+		keys, err := loadKeyring(cfg.BMC.KeyFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
+			return nil, nil, err
 		}
-		return id, key, nil
+		return id, keys, nil
 	case !errors.Is(err, pki.ErrNoIdentity):
 		return nil, nil, fmt.Errorf("site certificate: %w", err)
 	}
@@ -58,11 +54,11 @@ func siteCredentials(cfg Config, log *slog.Logger) (*pki.Identity, []byte, error
 		if err != nil {
 			return nil, nil, fmt.Errorf("join (raft.join_token): %w", err)
 		}
-		key := secrets[siteKeySecret]
-		if len(key) != bmc.KeySize {
-			return nil, nil, fmt.Errorf("join: the member sent no site key (%d bytes)", len(key))
+		keys, err := bmc.SplitKeyring(secrets[secretKeyring])
+		if err != nil {
+			return nil, nil, fmt.Errorf("join: the member sent no usable site key: %w", err)
 		}
-		if err := writeSiteKey(cfg.BMC.KeyFile, key); err != nil {
+		if err := writeSiteKey(cfg.BMC.KeyFile, bmc.JoinKeyring(keys)); err != nil {
 			return nil, nil, err
 		}
 		if err := id.Save(cfg.Raft.TLSDir); err != nil {
@@ -70,7 +66,7 @@ func siteCredentials(cfg Config, log *slog.Logger) (*pki.Identity, []byte, error
 		}
 		log.Info("enrolled: site certificate and site key received", "serial", pki.Serial(id.Cert),
 			"ca", "sha256:"+id.CAHash())
-		return id, key, nil
+		return id, keys, nil
 	case len(cfg.Raft.Join) > 0:
 		return nil, nil, fmt.Errorf("config: raft.join_token is required for this node's first start in an existing cluster "+
 			"(no site certificate in %s): run `kiln cluster token create` against a member and set raft.join_token", cfg.Raft.TLSDir)
@@ -79,22 +75,39 @@ func siteCredentials(cfg Config, log *slog.Logger) (*pki.Identity, []byte, error
 		if err != nil {
 			return nil, nil, err
 		}
-		key, err := bmc.LoadOrCreateKey(cfg.BMC.KeyFile)
+		keys, err := loadKeyring(cfg.BMC.KeyFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
+			return nil, nil, err
 		}
 		if err := id.Save(cfg.Raft.TLSDir); err != nil {
 			return nil, nil, err
 		}
 		log.Info("made the site CA and this node's certificate", "dir", cfg.Raft.TLSDir, "ca", "sha256:"+id.CAHash())
-		return id, key, nil
+		return id, keys, nil
 	default:
 		return nil, nil, fmt.Errorf("config: no site certificate in %s: set raft.bootstrap: true for a new site, "+
 			"or raft.join and raft.join_token to join one", cfg.Raft.TLSDir)
 	}
 }
 
-// writeSiteKey stores the site key received at enrollment (0600). A key
+// loadKeyring reads the site keyring at path, or makes a one-key keyring
+// there when the file does not exist (bmc.LoadOrCreateKey).
+func loadKeyring(path string) ([][]byte, error) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		key, err := bmc.LoadOrCreateKey(path)
+		if err != nil {
+			return nil, fmt.Errorf("site key %s: %w", path, err)
+		}
+		return [][]byte{key}, nil
+	}
+	keys, err := bmc.LoadKeyring(path)
+	if err != nil {
+		return nil, fmt.Errorf("site key %s: %w", path, err)
+	}
+	return keys, nil
+}
+
+// writeSiteKey stores the site keyring received at enrollment (0600). A key
 // file already there with other bytes is refused: it may seal credentials
 // of another site.
 func writeSiteKey(path string, key []byte) error {

@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"kiln/bmc"
 	"kiln/deploy/lab/vbmc/vbmc"
 	"kiln/store"
 )
@@ -50,32 +54,7 @@ func joinConfig(t *testing.T, id string, n *node, token string) Config {
 func TestOneSiteKeyAcrossNodes(t *testing.T) {
 	a := startNode(t, "key-a", nil)
 	a.waitReady(t)
-	v, err := vbmc.New(vbmc.Config{
-		Listen: "127.0.0.1:0", Username: "admin", Password: "Site-Key-7",
-		QEMUArgs: []string{"/bin/sh", "-c", "exec sleep 5", "fake-vm"},
-		StateDir: t.TempDir(), Serial: "SN-KEY-1", MACs: []string{"52:54:00:43:00:01"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = v.Run(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-	t.Cleanup(func() { cancel(); <-done })
-	for deadline := time.Now().Add(5 * time.Second); v.Addr() == "" && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	m, err := a.app.Store.PutMachine(context.Background(), store.Machine{Name: "key-1",
-		Intended: store.Hardware{Serial: "SN-KEY-1", NICs: []store.NIC{{MAC: "52:54:00:43:00:01"}}}}, store.W{Actor: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := json.Marshal(map[string]any{"address": v.Addr(), "driver": "redfish", "username": "admin",
-		"password": "Site-Key-7", "ca_cert_pem": string(v.CACertPEM())})
-	code, rb := httpDo(t, a.token, "POST", "http://"+a.cfg.API.Addr+"/v1/machines/"+m.ID+"/bmc", "application/json", bytes.NewReader(body))
-	if code/100 != 2 {
-		t.Fatalf("enroll BMC on node a: %d %s", code, rb)
-	}
+	mID := enrollVBMC(t, a, "SN-KEY-1", "52:54:00:43:00:01", "Site-Key-7")
 
 	b := startNode(t, "key-b", []string{a.cfg.Raft.ForwardAddr}, joinToken(t, a))
 	b.waitReady(t)
@@ -90,7 +69,7 @@ func TestOneSiteKeyAcrossNodes(t *testing.T) {
 	if err := b.app.Store.Barrier(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	tgt, err := b.app.bmc.target(m.ID)
+	tgt, err := b.app.bmc.target(mID)
 	if err != nil || tgt.Password != "Site-Key-7" {
 		t.Fatalf("node b opening node a's credential: %v (password opened: %v)", err, tgt.Password == "Site-Key-7")
 	}
@@ -229,5 +208,135 @@ func TestClusterAPIAndAttack(t *testing.T) {
 	// The site still takes writes.
 	if _, err := a.app.Store.PutMachine(context.Background(), store.Machine{Name: "after"}, store.W{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// enrollVBMC starts a lab virtual BMC (Redfish) and enrolls it through n's
+// API for a new machine with serial and mac; it returns the machine ID.
+func enrollVBMC(t *testing.T, n *node, serial, mac, password string) string {
+	t.Helper()
+	v, err := vbmc.New(vbmc.Config{
+		Listen: "127.0.0.1:0", Username: "admin", Password: password,
+		QEMUArgs: []string{"/bin/sh", "-c", "exec sleep 5", "fake-vm"},
+		StateDir: t.TempDir(), Serial: serial, MACs: []string{mac},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = v.Run(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for deadline := time.Now().Add(5 * time.Second); v.Addr() == "" && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	m, err := n.app.Store.PutMachine(context.Background(), store.Machine{Name: "m-" + strings.ToLower(serial),
+		Intended: store.Hardware{Serial: serial, NICs: []store.NIC{{MAC: mac}}}}, store.W{Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.app.Store.Barrier(context.Background()); err != nil { // a follower's replica may lag its forwarded write
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(map[string]any{"address": v.Addr(), "driver": "redfish", "username": "admin",
+		"password": password, "ca_cert_pem": string(v.CACertPEM())})
+	code, rb := httpDo(t, n.token, "POST", "http://"+n.cfg.API.Addr+"/v1/machines/"+m.ID+"/bmc", "application/json", bytes.NewReader(body))
+	if code/100 != 2 {
+		t.Fatalf("enroll BMC on %s: %d %s", n.cfg.NodeID, code, rb)
+	}
+	return m.ID
+}
+
+// TestRotateSiteKey: `kiln site rotate-key` through a follower re-seals
+// every credential under a new key on every member. While it runs, both
+// nodes keep opening both credentials and never fail; afterwards each
+// blob names the new key, each node's key file holds only the new key,
+// the old key opens nothing, and a node joining later opens them too.
+func TestRotateSiteKey(t *testing.T) {
+	a := startNode(t, "rot-a", nil)
+	a.waitReady(t)
+	m1 := enrollVBMC(t, a, "SN-ROT-1", "52:54:00:44:00:01", "Rot-One-1")
+	b := startNode(t, "rot-b", []string{a.cfg.Raft.ForwardAddr}, joinToken(t, a))
+	b.waitReady(t)
+	m2 := enrollVBMC(t, b, "SN-ROT-2", "52:54:00:44:00:02", "Rot-Two-2")
+	oldKey, _ := os.ReadFile(a.cfg.BMC.KeyFile)
+	want := map[string]string{m1: "Rot-One-1", m2: "Rot-Two-2"}
+	for _, n := range []*node{a, b} {
+		if err := n.app.Store.Barrier(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	stop := make(chan struct{})
+	var opens, failures atomic.Int64
+	var firstFailure atomic.Value
+	var wg sync.WaitGroup
+	for _, n := range []*node{a, b} {
+		wg.Add(1)
+		go func(n *node) {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for id, pw := range want {
+					tgt, err := n.app.bmc.target(id)
+					opens.Add(1)
+					if err != nil || tgt.Password != pw {
+						failures.Add(1)
+						firstFailure.CompareAndSwap(nil, fmt.Sprintf("%s on %s: %v", id, n.cfg.NodeID, err))
+					}
+				}
+			}
+		}(n)
+	}
+	var rot struct {
+		KeyID     string   `json:"key_id"`
+		OldKeyIDs []string `json:"old_key_ids"`
+		Resealed  int      `json:"resealed"`
+	}
+	code, rb := httpDo(t, b.token, "POST", "http://"+b.cfg.API.Addr+"/v1/site/rotate-key", "application/json", nil)
+	time.Sleep(100 * time.Millisecond) // opens after the rotation, on both nodes
+	close(stop)
+	wg.Wait()
+	if code != http.StatusOK {
+		t.Fatalf("rotate-key: %d %s", code, rb)
+	}
+	if err := json.Unmarshal(rb, &rot); err != nil || rot.Resealed != 2 || len(rot.OldKeyIDs) != 1 || rot.KeyID == rot.OldKeyIDs[0] {
+		t.Fatalf("rotation answer %s (%v)", rb, err)
+	}
+	t.Logf("rotated to key %s: %d credentials re-sealed; %d opens during the rotation, %d failed", rot.KeyID, rot.Resealed, opens.Load(), failures.Load())
+	if failures.Load() != 0 {
+		t.Fatalf("%d of %d opens failed during the rotation; first: %v", failures.Load(), opens.Load(), firstFailure.Load())
+	}
+	oldSealer, _ := bmc.NewSealer(oldKey)
+	for _, n := range []*node{a, b} {
+		k, _ := os.ReadFile(n.cfg.BMC.KeyFile)
+		if len(k) != bmc.KeySize || bmc.KeyID(k) != rot.KeyID {
+			t.Fatalf("%s key file: %d bytes, id %s", n.cfg.NodeID, len(k), bmc.KeyID(k))
+		}
+		for id := range want {
+			bm, _ := n.app.Store.GetMachine(id)
+			rec, _ := n.app.Store.GetBMC(bm.BMC)
+			blob, err := n.app.Store.Secret(rec.CredentialRef)
+			if err != nil || bmc.SealedKeyID(blob) != rot.KeyID {
+				t.Fatalf("%s: credential of %s under key %q (%v)", n.cfg.NodeID, id, bmc.SealedKeyID(blob), err)
+			}
+			if _, err := oldSealer.Open(blob); err == nil {
+				t.Fatalf("the old key still opens %s's credential", id)
+			}
+		}
+	}
+	c := startNode(t, "rot-c", []string{a.cfg.Raft.ForwardAddr}, joinToken(t, a))
+	c.waitReady(t)
+	if err := c.app.Store.Barrier(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for id, pw := range want {
+		if tgt, err := c.app.bmc.target(id); err != nil || tgt.Password != pw {
+			t.Fatalf("node joined after the rotation opening %s: %v", id, err)
+		}
 	}
 }

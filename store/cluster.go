@@ -519,3 +519,87 @@ func enrollOnce(ctx context.Context, hc *http.Client, peer string, body []byte, 
 	}
 	return id, rep.Secrets, nil
 }
+
+// secretsPush is the body of POST /raft/secrets.
+type secretsPush struct {
+	Secrets map[string][]byte `json:"secrets"`
+}
+
+// serveSecrets is POST /raft/secrets (mutual TLS, any node, not only the
+// leader): a member hands this node new site secrets (a rotated keyring);
+// Config.OnSecrets stores them before the reply.
+func (s *Store) serveSecrets(w http.ResponseWriter, r *http.Request) {
+	var p secretsPush
+	reply := func(status int, err error) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(wireResult{Error: toWire(err)})
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxEnrollBody)).Decode(&p); err != nil {
+		reply(http.StatusBadRequest, fmt.Errorf("%w: secrets body: %v", ErrInvalid, err))
+		return
+	}
+	if s.cfg.OnSecrets == nil {
+		reply(http.StatusOK, fmt.Errorf("%w: node %s takes no site secrets", ErrInvalid, s.cfg.NodeID))
+		return
+	}
+	if err := s.cfg.OnSecrets(p.Secrets); err != nil {
+		reply(http.StatusOK, err)
+		return
+	}
+	s.log.Info("site secrets updated by a member", "names", len(p.Secrets))
+	reply(http.StatusOK, nil)
+}
+
+// PushSecrets hands secrets to every server of the raft configuration
+// (Config.OnSecrets on each; on this node directly, on the others through
+// POST /raft/secrets over mutual TLS) and returns once all of them have
+// stored them. A member that cannot be reached or refuses makes it fail,
+// naming the member; members already updated keep what they got.
+func (s *Store) PushSecrets(ctx context.Context, secrets map[string][]byte) error {
+	ms, err := s.Members()
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(secretsPush{Secrets: secrets})
+	for _, m := range ms {
+		if m.ID == s.cfg.NodeID {
+			if s.cfg.OnSecrets == nil {
+				return fmt.Errorf("%w: node %s takes no site secrets", ErrInvalid, m.ID)
+			}
+			if err := s.cfg.OnSecrets(secrets); err != nil {
+				return fmt.Errorf("store: site secrets on %s: %w", m.ID, err)
+			}
+			continue
+		}
+		if m.ForwardAddr == "" {
+			return fmt.Errorf("%w: member %s has no forward address registered; it cannot be given the site secrets", ErrNotFound, m.ID)
+		}
+		var res wireResult
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+		status, err := s.post(pctx, "https://"+m.ForwardAddr+"/raft/secrets", body, &res)
+		cancel()
+		if err == nil && status != http.StatusOK {
+			err = fmt.Errorf("HTTP %d", status)
+		}
+		if err == nil {
+			err = fromWire(res.Error)
+		}
+		if err != nil {
+			return fmt.Errorf("store: site secrets to member %s at %s: %w", m.ID, m.ForwardAddr, err)
+		}
+	}
+	return nil
+}
+
+// SecretKeys lists the keys of every stored secret (sorted).
+func (s *Store) SecretKeys() ([]string, error) {
+	var out []string
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bSecrets).ForEach(func(k, _ []byte) error {
+			out = append(out, string(k))
+			return nil
+		})
+	})
+	return out, err
+}

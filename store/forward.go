@@ -22,6 +22,7 @@ import (
 //	POST /raft/join        body: JSON membership                       → wireResult
 //	POST /raft/remove      body: JSON membership                       → wireResult
 //	POST /raft/barrier     (empty)                                     → wireResult{Index}
+//	POST /raft/secrets     body: JSON secretsPush (cluster.go; any node) → wireResult
 //	POST /cluster/enroll   body: JSON enrollRequest (cluster.go)       → enrollReply
 //
 // Only the leader executes /raft/ routes; a non-leader answers 503 with code
@@ -186,6 +187,7 @@ func (s *Store) forwardHandler() http.Handler {
 		reply(w, http.StatusOK, wireResult{Index: idx})
 	})
 	mux.HandleFunc("POST /cluster/enroll", s.serveEnroll)
+	mux.HandleFunc("POST /raft/secrets", s.serveSecrets)
 	// Only enrollment is open; everything else needs a verified site
 	// certificate (the TLS layer verified the chain and ran peerCheck).
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

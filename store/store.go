@@ -75,6 +75,9 @@ type Config struct {
 	// JoinSecrets, when set, gives the site secrets (name → bytes) this
 	// node hands a node it admits (the appliance passes the site key).
 	JoinSecrets func() (map[string][]byte, error)
+	// OnSecrets, when set, stores site secrets a member pushes to this node
+	// (PushSecrets: a rotated site keyring); an error refuses them.
+	OnSecrets func(map[string][]byte) error
 }
 
 // Validate reports a missing required field.

@@ -90,3 +90,31 @@ and only until it expires (--ttl, 1m to 168h).`,
 	c.AddCommand(token, members, remove)
 	return c
 }
+
+// siteCmd is `kiln site`: site-wide operations (POST /v1/site/rotate-key).
+func siteCmd(o *cliOpts) *cobra.Command {
+	c := &cobra.Command{Use: "site", Short: "Site-wide operations"}
+	c.AddCommand(&cobra.Command{
+		Use:   "rotate-key",
+		Short: "Replace the site key and re-seal every BMC credential under it, on every member",
+		Long: `Replace the site key that seals BMC credentials. Every member first receives
+the new key, then seals under it; every credential is re-sealed; only then are
+the old keys dropped, so at no moment does a credential fail to open. Every
+member must be reachable; if one is not, the rotation stops and says at which
+step (run it again once the member is back).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var out api.SiteKeyRotation
+			return o.call(cmd, "POST", "/v1/site/rotate-key", nil, &out, func() func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					row(tw, "Key ID:", out.KeyID)
+					for _, id := range out.OldKeyIDs {
+						row(tw, "Replaced:", id)
+					}
+					row(tw, "Re-sealed:", out.Resealed)
+				}
+			})
+		},
+	})
+	return c
+}

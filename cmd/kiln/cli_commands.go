@@ -53,7 +53,7 @@ func addClientCommands(root *cobra.Command) {
 
 	root.AddCommand(machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o),
 		sitesCmd(o), racksCmd(o))
-	root.AddCommand(clusterCmd(o)) // cli_cluster.go
+	root.AddCommand(clusterCmd(o), siteCmd(o)) // cli_cluster.go
 }
 
 // client builds an API client from the flags; it checks -o too.
