@@ -161,6 +161,12 @@ func (k *siteKeys) rotate(ctx context.Context, w store.W) (api.SiteKeyRotation, 
 			if err != nil {
 				return out, fmt.Errorf("rotate-key step 3: credential %s opens under no key of this node's keyring; old keys are kept: %w", name, err)
 			}
+			// Narrow (not close) the race with a re-enrollment of the same
+			// BMC: skip a credential that changed since it was read; the
+			// next pass sees it (sealed under the new key by then).
+			if now, err := k.st.Secret(name); err != nil || !bytes.Equal(now, blob) {
+				continue
+			}
 			if err := k.st.PutSecret(ctx, name, k.sealer.Seal(pt), w); err != nil {
 				return out, fmt.Errorf("rotate-key step 3: re-seal %s (old keys are kept; run it again): %w", name, err)
 			}
