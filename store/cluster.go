@@ -220,11 +220,15 @@ func (s *Store) member(id string) (Member, error) {
 }
 
 // CreateJoinToken makes a one-time join token valid for ttl (0 =
-// DefaultJoinTokenTTL; MinJoinTokenTTL..MaxJoinTokenTTL, else ErrInvalid).
+// DefaultJoinTokenTTL; MinJoinTokenTTL..MaxJoinTokenTTL, else ErrInvalid;
+// ErrNoRaft on a local store).
 // The secret is made here and returned once, in the token string
 // ("kiln1.SECRET.CAHASH", see package pki); only its SHA-256 is written to
 // the log. The record returned has the leader's Created and Expires.
 func (s *Store) CreateJoinToken(ctx context.Context, ttl time.Duration, w W) (string, JoinToken, error) {
+	if s.raft == nil || s.cfg.Identity == nil {
+		return "", JoinToken{}, fmt.Errorf("%w: CreateJoinToken", ErrNoRaft)
+	}
 	if ttl == 0 {
 		ttl = DefaultJoinTokenTTL
 	}
@@ -263,8 +267,12 @@ func (s *Store) joinToken(hash string) (JoinToken, error) {
 }
 
 // Members lists the servers of the current raft configuration, in its
-// order, with their forward addresses and member records.
+// order, with their forward addresses and member records (ErrNoRaft on a
+// local store; RemoveMember and PushSecrets fail the same way).
 func (s *Store) Members() ([]ClusterMember, error) {
+	if s.raft == nil {
+		return nil, fmt.Errorf("%w: Members", ErrNoRaft)
+	}
 	f := s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, fmt.Errorf("store: raft configuration: %w", err)

@@ -268,3 +268,21 @@ func TestForeignCANodeCannotJoin(t *testing.T) {
 		t.Fatalf("members: %+v", ms)
 	}
 }
+
+// A local store (OpenLocal) has no cluster: the cluster operations say so
+// instead of panicking.
+func TestLocalStoreHasNoCluster(t *testing.T) {
+	s := storetest.NewLocal(t)
+	if _, _, err := s.CreateJoinToken(context.Background(), time.Hour, store.W{}); !errors.Is(err, store.ErrNoRaft) {
+		t.Fatalf("CreateJoinToken: %v", err)
+	}
+	if _, err := s.Members(); !errors.Is(err, store.ErrNoRaft) {
+		t.Fatalf("Members: %v", err)
+	}
+	if err := s.RemoveMember(context.Background(), "x", store.W{}); !errors.Is(err, store.ErrNoRaft) {
+		t.Fatalf("RemoveMember: %v", err)
+	}
+	if err := s.PushSecrets(context.Background(), nil); !errors.Is(err, store.ErrNoRaft) {
+		t.Fatalf("PushSecrets: %v", err)
+	}
+}

@@ -20,6 +20,11 @@
 // Reads come from the local replica; Barrier makes a following read
 // current (linearizable with respect to writes acknowledged before it).
 //
+// OpenLocal opens the same Store with no raft (for tests, via
+// storetest.NewLocal, and single-process tools): writes take the same apply
+// path over fsm.db in process, one at a time, with the same indexes and
+// ResourceVersions; raft-only calls fail with ErrNoRaft.
+//
 // Referential rules are decided inside the raft apply, never by a
 // read-then-write of a caller: a claim must name a stored image and an
 // image a claim names cannot be deleted (ErrImageInUse); ImportMachines
@@ -31,7 +36,7 @@
 // (*MACError), ErrDuplicateMAC, ErrImageInUse, *IllegalTransitionError,
 // ErrNotLeader (*NotLeaderError), ErrTimeout, ErrCorrupt (names the file),
 // ErrInconsistentDataDir (names the files and how to recover),
-// ErrUnknownCommand, ErrBadCommand, ErrClosed.
+// ErrUnknownCommand, ErrBadCommand, ErrClosed, ErrNoRaft.
 //
 // Metrics (kiln_store_*): raft_state, last_index, commit_index,
 // applied_index, last_event_index, commit_seconds, commands_total{type},

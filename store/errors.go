@@ -51,6 +51,10 @@ var (
 	// ErrEnrollRefused: Enroll was refused by the cluster (ErrJoinToken's
 	// reasons, or a bad request); retrying with the same token cannot help.
 	ErrEnrollRefused = errors.New("join refused")
+	// ErrNoRaft: a raft-only operation (Join, Remove, JoinVia, Snapshot)
+	// on a store opened with OpenLocal, which has no raft group. Open the
+	// cluster's store with Open instead.
+	ErrNoRaft = errors.New("store: local store (OpenLocal) has no raft")
 )
 
 // NotLeaderError is returned (wrapping ErrNotLeader) when a write or a

@@ -312,8 +312,11 @@ func (s *Store) post(ctx context.Context, url string, body []byte, res *wireResu
 // A member that is not the leader answers not_leader and the next one is
 // tried; the whole list is retried with backoff until one leader accepts or
 // ctx ends. Used by a new node started without Bootstrap. Errors: ctx's error
-// wrapping the last refusal.
+// wrapping the last refusal; ErrNoRaft on a local store.
 func (s *Store) JoinVia(ctx context.Context, peers []string) error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: JoinVia", ErrNoRaft)
+	}
 	if len(peers) == 0 {
 		return fmt.Errorf("%w: join needs at least one peer forward address", ErrInvalid)
 	}
@@ -348,5 +351,6 @@ func (s *Store) JoinVia(ctx context.Context, peers []string) error {
 }
 
 // HasState reports whether this node's data directory held raft state when
-// it was opened (false for a brand-new node).
+// it was opened (false for a brand-new node); on a local store, whether its
+// fsm.db held applied entries.
 func (s *Store) HasState() bool { return s.hadState }

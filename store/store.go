@@ -105,7 +105,8 @@ func (c *Config) Validate() error {
 type Store struct {
 	cfg   Config
 	log   *slog.Logger
-	raft  *raft.Raft
+	cons  consensus  // raftConsensus (Open) or *localLog (OpenLocal)
+	raft  *raft.Raft // nil on a local store
 	fsm   *fsm
 	logDB *raftboltdb.BoltStore
 	trans *raft.NetworkTransport
@@ -237,6 +238,7 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 		return nil, fmt.Errorf("%w: start raft from %s (snapshots in %s): %v", ErrCorrupt, raftPath,
 			filepath.Join(cfg.DataDir, "snapshots"), err)
 	}
+	s.cons = raftConsensus{s}
 	s.hadState = has
 	if !has && cfg.Bootstrap {
 		conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter,
@@ -287,11 +289,22 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 }
 
 // RaftAddr is the address the raft transport listens on (resolved when
-// Config.RaftAddr had port 0).
-func (s *Store) RaftAddr() string { return string(s.trans.LocalAddr()) }
+// Config.RaftAddr had port 0); "" on a local store (OpenLocal).
+func (s *Store) RaftAddr() string {
+	if s.trans == nil {
+		return ""
+	}
+	return string(s.trans.LocalAddr())
+}
 
-// ForwardAddr is the address the forward RPC listens on.
-func (s *Store) ForwardAddr() string { return s.fwdLn.Addr().String() }
+// ForwardAddr is the address the forward RPC listens on; "" on a local
+// store (OpenLocal).
+func (s *Store) ForwardAddr() string {
+	if s.fwdLn == nil {
+		return ""
+	}
+	return s.fwdLn.Addr().String()
+}
 
 // NodeID is Config.NodeID.
 func (s *Store) NodeID() string { return s.cfg.NodeID }
@@ -339,10 +352,19 @@ func (s *Store) forwardAddrOf(id string) (string, error) {
 }
 
 // Run serves the forward RPC on ForwardAddr until ctx ends, then shuts the
-// HTTP server down. It does not close the store (call Close).
+// HTTP server down. It does not close the store (call Close). On a local
+// store (OpenLocal) there is nothing to serve: Run waits for ctx or Close
+// and returns nil.
 func (s *Store) Run(ctx context.Context, log *slog.Logger) error {
 	if !s.runOnce.CompareAndSwap(false, true) {
 		return errors.New("store: Run called twice")
+	}
+	if s.raft == nil {
+		select {
+		case <-ctx.Done():
+		case <-s.done:
+		}
+		return nil
 	}
 	if log == nil {
 		log = s.log
@@ -370,17 +392,16 @@ func (s *Store) Run(ctx context.Context, log *slog.Logger) error {
 	}
 }
 
-// Close stops raft and closes every file and listener. Safe to call twice.
+// Close stops raft (or the local log) and closes every file and listener.
+// Safe to call twice.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		close(s.done)
 		s.cancel()
-		if s.raft != nil {
-			if e := s.raft.Shutdown().Error(); e != nil {
-				err = errors.Join(err, e)
-			}
+		if e := s.cons.stop(); e != nil {
+			err = errors.Join(err, e)
 		}
 		s.wg.Wait()
 		err = errors.Join(err, s.closeParts())
@@ -403,23 +424,31 @@ func (s *Store) closeParts() error {
 	if s.logDB != nil {
 		err = errors.Join(err, s.logDB.Close())
 	}
-	s.http.CloseIdleConnections()
+	if s.http != nil {
+		s.http.CloseIdleConnections()
+	}
 	return err
 }
 
-// IsLeader reports whether this node is the raft leader now.
-func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+// IsLeader reports whether this node is the raft leader now (always true
+// on a local store).
+func (s *Store) IsLeader() bool { return s.cons.isLeader() }
 
 // Leader returns the current leader's raft server ID and raft address, or
-// empty strings when none is known.
-func (s *Store) Leader() (id, raftAddr string) {
-	addr, sid := s.raft.LeaderWithID()
-	return string(sid), string(addr)
-}
+// empty strings when none is known. A local store returns its own NodeID
+// ("local") and an empty address.
+func (s *Store) Leader() (id, raftAddr string) { return s.cons.leader() }
 
 // WaitLeader blocks until a leader is known (and, on a leader, until its
-// forward address is registered) or ctx ends (ctx.Err()).
+// forward address is registered) or ctx ends (ctx.Err()). A local store
+// leads from the start: nil at once (ErrClosed once closed).
 func (s *Store) WaitLeader(ctx context.Context) error {
+	if s.raft == nil {
+		if s.closed.Load() {
+			return ErrClosed
+		}
+		return nil
+	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -443,8 +472,11 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 // index that this node saw at the first moment (since Open) a leader was
 // known (entries the FSM never sees, no-ops and barriers, count as applied
 // once raft has dispatched them: fsmCaughtUp). Once true it stays true
-// while a leader is known; with no leader it is false.
-func (s *Store) Ready() bool {
+// while a leader is known; with no leader it is false. A local store is
+// always Ready.
+func (s *Store) Ready() bool { return s.cons.ready() }
+
+func (s *Store) raftReady() bool {
 	if id, _ := s.Leader(); id == "" {
 		return false
 	}
@@ -497,8 +529,13 @@ const maxReadyGap = 4096
 
 // Stats returns raft's statistics (raft.Raft.Stats: state, term,
 // last_log_index, commit_index, applied_index, last_snapshot_index, ...)
-// plus fsm_applied_index and last_event_index.
+// plus fsm_applied_index and last_event_index. A local store reports
+// state "Leader", mode "local" and its local index as last_log_index,
+// commit_index and applied_index.
 func (s *Store) Stats() map[string]string {
+	if s.raft == nil {
+		return s.cons.(*localLog).stats()
+	}
 	st := s.raft.Stats()
 	st["fsm_applied_index"] = fmt.Sprint(s.fsm.applied.Load())
 	st["last_event_index"] = fmt.Sprint(s.fsm.lastEvent.Load())
@@ -507,11 +544,21 @@ func (s *Store) Stats() map[string]string {
 
 // Snapshot asks raft to take a snapshot now (raft.Raft.Snapshot) and waits
 // for it. Raft refuses when nothing was written since the last one.
-func (s *Store) Snapshot() error { return s.raft.Snapshot().Error() }
+// ErrNoRaft on a local store.
+func (s *Store) Snapshot() error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: Snapshot", ErrNoRaft)
+	}
+	return s.raft.Snapshot().Error()
+}
 
 // Join adds a voter (raft server id at raftAddr) and registers its forward
 // address. On a follower it is forwarded to the leader. Idempotent.
+// ErrNoRaft on a local store.
 func (s *Store) Join(ctx context.Context, id, raftAddr, forwardAddr string) error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: Join %s", ErrNoRaft, id)
+	}
 	if id == "" || raftAddr == "" {
 		return fmt.Errorf("%w: join needs id and raft address", ErrInvalid)
 	}
@@ -540,8 +587,12 @@ func (s *Store) joinLocal(ctx context.Context, id, raftAddr, forwardAddr string)
 }
 
 // Remove removes voter id from the cluster and forgets its forward
-// address. On a follower it is forwarded to the leader.
+// address. On a follower it is forwarded to the leader. ErrNoRaft on a
+// local store.
 func (s *Store) Remove(ctx context.Context, id string) error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: Remove %s", ErrNoRaft, id)
+	}
 	if !s.IsLeader() {
 		err := s.forwardMembership(ctx, "/raft/remove", membership{ID: id})
 		if !errors.Is(err, errSelfLeader) {
@@ -581,8 +632,11 @@ func (s *Store) timeout(ctx context.Context) time.Duration {
 // before the call: on the leader VerifyLeader + raft Barrier; on a follower
 // it asks the leader (forward RPC) for its applied index and waits until
 // the local FSM has applied it. Errors: ErrNotLeader (no reachable
-// leader), ctx.Err().
-func (s *Store) Barrier(ctx context.Context) error {
+// leader), ctx.Err(). On a local store every acknowledged write is
+// already applied: Barrier returns nil (ErrClosed once closed).
+func (s *Store) Barrier(ctx context.Context) error { return s.cons.barrier(ctx) }
+
+func (s *Store) raftBarrier(ctx context.Context) error {
 	if s.IsLeader() {
 		_, err := s.barrierLocal(ctx)
 		if !errors.Is(err, raft.ErrNotLeader) && !errors.Is(err, raft.ErrLeadershipLost) {

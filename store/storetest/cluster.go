@@ -1,7 +1,8 @@
-// Package storetest runs in-process store clusters for tests: n nodes on
-// 127.0.0.1 with short raft timeouts, each in its own t.TempDir, with
-// helpers to stop, restart and find the leader. Set KILN_STORE_LOG=1 to
-// see the nodes' logs on stderr.
+// Package storetest gives tests real stores: NewLocal, a local store (the
+// real apply path over a temporary bbolt file, no raft; store.OpenLocal), and
+// NewCluster, in-process raft clusters of n nodes on 127.0.0.1 with short
+// raft timeouts, each in its own t.TempDir, with helpers to stop, restart and
+// find the leader. Set KILN_STORE_LOG=1 to see the stores' logs on stderr.
 package storetest
 
 import (
