@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"kiln/api"
 	"kiln/appliance/lifecycle"
@@ -22,7 +23,8 @@ import (
 // needs to redact.
 type apiBackend struct {
 	*lifecycle.Service
-	st      *store.Store // Health only
+	st      *store.Store // Health and the cluster routes
+	keys    *siteKeys    // site key rotation (sitekey.go); nil = none
 	version string
 }
 
@@ -30,7 +32,26 @@ type apiBackend struct {
 // and store st (for Health), reporting version: what appliance.New wires,
 // exported for the tests of the API and of its clients.
 func NewAPIBackend(svc *lifecycle.Service, st *store.Store, version string) api.Backend {
-	return &apiBackend{Service: svc, st: st, version: version}
+	return newAPIBackend(svc, st, nil, version)
+}
+
+func newAPIBackend(svc *lifecycle.Service, st *store.Store, keys *siteKeys, version string) *apiBackend {
+	return &apiBackend{Service: svc, st: st, keys: keys, version: version}
+}
+
+// The cluster routes (api.ClusterBackend) are the store's own operations.
+
+// CreateJoinToken is api.ClusterBackend: store.Store.CreateJoinToken.
+func (b *apiBackend) CreateJoinToken(ctx context.Context, ttl time.Duration, w store.W) (string, store.JoinToken, error) {
+	return b.st.CreateJoinToken(ctx, ttl, w)
+}
+
+// Members is api.ClusterBackend: store.Store.Members.
+func (b *apiBackend) Members() ([]store.ClusterMember, error) { return b.st.Members() }
+
+// RemoveMember is api.ClusterBackend: store.Store.RemoveMember.
+func (b *apiBackend) RemoveMember(ctx context.Context, id string, w store.W) error {
+	return b.st.RemoveMember(ctx, id, w)
 }
 
 // Health reports raft leadership and readiness for /readyz and /v1/site/status.
@@ -188,3 +209,9 @@ func (a *bmcAdapter) Inventory(ctx context.Context, id string) (lifecycle.Invent
 	return lifecycle.Inventory{Serial: inv.Serial, Manufacturer: inv.Manufacturer, Model: inv.Model, UUID: inv.UUID,
 		NICMACs: inv.NICMACs}, nil
 }
+
+var (
+	_ api.Backend        = (*apiBackend)(nil)
+	_ api.ClusterBackend = (*apiBackend)(nil)
+	_ api.SiteKeyBackend = (*apiBackend)(nil)
+)

@@ -66,13 +66,16 @@ type Appliance struct {
 	bootLn  net.Listener
 	dhcp    *dhcp.Server
 	dhcpB   *dhcpBackend
+	bmc     *bmcAdapter // opens BMC credentials with the site key
 	tftp    *tftp.Server
 	version string
 }
 
-// New builds the appliance: it opens the store (a corrupt data file is an
-// error naming it), creates the admin token and site key on first start, and
-// constructs every service. Nothing listens until Run, except the store's raft
+// New builds the appliance: it gets the node's site certificate and the
+// site key (siteCredentials: made at bootstrap, received from a member when
+// joining with a token), opens the store (a corrupt data file is an error
+// naming it), creates the admin token on first start, and constructs every
+// service. Nothing listens until Run, except the store's raft
 // transport and the boot HTTP listener (bound here so a busy port fails fast).
 func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -82,17 +85,29 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a := &Appliance{cfg: cfg, log: log, reg: reg, version: version}
 
+	ident, keys, err := siteCredentials(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	siteK, err := newSiteKeys(cfg.BMC.KeyFile, keys, log)
+	if err != nil {
+		return nil, err
+	}
 	st, err := store.Open(store.Config{
 		NodeID:      cfg.NodeID,
 		DataDir:     filepath.Join(cfg.DataDir, "store"),
 		RaftAddr:    cfg.Raft.Addr,
 		ForwardAddr: cfg.Raft.ForwardAddr,
 		Bootstrap:   cfg.Raft.Bootstrap,
+		Identity:    ident,
+		JoinSecrets: siteK.joinSecrets,
+		OnSecrets:   siteK.update,
 	}, log, reg)
 	if err != nil {
 		return nil, err
 	}
 	a.Store = st
+	siteK.st = st
 	ok := false
 	defer func() {
 		if !ok {
@@ -100,14 +115,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		}
 	}()
 
-	key, err := bmc.LoadOrCreateKey(cfg.BMC.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
-	}
-	sealer, err := bmc.NewSealer(key)
-	if err != nil {
-		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
-	}
+	sealer := siteK.sealer
 	bmcCtl, err := bmc.New(bmc.Config{
 		CallTimeout:        cfg.BMC.Timeout,
 		Retries:            cfg.BMC.Retries,
@@ -127,6 +135,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	baseURL := "http://" + cfg.Boot.HTTPAddr
 
 	bmcA := &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}
+	a.bmc = bmcA
 	life, err := lifecycle.New(lifecycle.Config{
 		ImageBaseURL:       baseURL,
 		UnknownMachines:    cfg.Boot.UnknownMachines,
@@ -160,7 +169,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		BodyIdleTimeout: cfg.API.BodyIdleTimeout,
 		JSONBodyTimeout: cfg.API.JSONBodyTimeout,
 		ErrorClasses:    ErrorClasses(),
-	}, NewAPIBackend(lifecycle.NewService(life, st), st, version), reg, log)
+	}, newAPIBackend(lifecycle.NewService(life, st), st, siteK, version), reg, log)
 	if err != nil {
 		return nil, err
 	}

@@ -29,9 +29,12 @@ var (
 	bNodes    = []byte("nodes")   // raft server ID → forward address
 	bIdxJob   = []byte("idx_job") // machine ID \x00 job ID → empty
 	bMeta     = []byte("meta")    // "applied" → 8-byte BE raft index
+	// Cluster trust (cluster.go).
+	bJoinTokens = []byte("join_tokens") // hex SHA-256 of a token secret → JoinToken
+	bMembers    = []byte("members")     // node ID → Member
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -184,6 +187,12 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		if err = tx.Bucket(bNodes).Delete([]byte(c.ID)); err == nil {
 			err = a.event(Event{Subject: "node/" + c.ID, Kind: "node_removed"})
 		}
+	case CmdPutJoinToken:
+		err = applyPutJoinToken(a, c.JoinToken)
+	case CmdUseJoinToken:
+		err = applyUseJoinToken(a, c.JoinToken, c.Member)
+	case CmdRemoveMember:
+		err = applyRemoveMember(a, c.ID)
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}
@@ -694,6 +703,6 @@ func lastEventIndex(tx *bbolt.Tx) uint64 {
 // (conflict, not found, invalid, illegal transition) rather than a fault.
 func errIsLogical(err error) bool {
 	var ite *IllegalTransitionError
-	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) ||
+	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrJoinToken) ||
 		errors.Is(err, ErrDuplicateMAC) || errors.Is(err, ErrImageInUse) || errors.As(err, &ite)
 }

@@ -9,7 +9,9 @@
 // Writes are typed, numbered raft commands (CommandType, 1 byte + JSON
 // body). The leader fixes time and IDs before a command is logged, so the
 // apply function is deterministic; a follower forwards writes to the
-// leader over a small HTTP RPC (Config.ForwardAddr). Every record carries
+// leader over a small HTTPS RPC (Config.ForwardAddr). Raft and that RPC run
+// over mutual TLS under a site CA (package pki; join tokens, Enroll,
+// Members, RemoveMember: DESIGN.md "Cluster trust"). Every record carries
 // Meta.ResourceVersion (the raft index of its last write) for
 // compare-and-set; every change appends an Event keyed by (raft index,
 // seq). Machine lifecycle transitions are checked by the FSM against

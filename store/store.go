@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,8 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/bbolt"
+
+	"kiln/store/pki"
 )
 
 // Defaults used when a Config duration or count is zero.
@@ -62,6 +65,19 @@ type Config struct {
 	TrailingLogs uint64
 	// RaftLogLevel is the hclog level of raft's own log lines ("" = "WARN").
 	RaftLogLevel string
+
+	// Identity is this node's site certificate and key and the site CA
+	// (package pki). Required: raft runs over mutual TLS with it and the
+	// forward RPC is HTTPS requiring a client certificate of the CA. A
+	// bootstrap node makes one with pki.NewSite; a joining node gets one
+	// from Enroll.
+	Identity *pki.Identity
+	// JoinSecrets, when set, gives the site secrets (name → bytes) this
+	// node hands a node it admits (the appliance passes the site key).
+	JoinSecrets func() (map[string][]byte, error)
+	// OnSecrets, when set, stores site secrets a member pushes to this node
+	// (PushSecrets: a rotated site keyring); an error refuses them.
+	OnSecrets func(map[string][]byte) error
 }
 
 // Validate reports a missing required field.
@@ -75,6 +91,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: Config.RaftAddr is empty", ErrInvalid)
 	case c.ForwardAddr == "":
 		return fmt.Errorf("%w: Config.ForwardAddr is empty", ErrInvalid)
+	case c.Identity == nil:
+		return fmt.Errorf("%w: Config.Identity is nil: raft and the forward RPC run only over mutual TLS "+
+			"with a site certificate (pki.NewSite at bootstrap, Enroll when joining)", ErrInvalid)
+	case c.Identity.NodeID() != c.NodeID:
+		return fmt.Errorf("%w: the site certificate names node %q, Config.NodeID is %q", ErrInvalid, c.Identity.NodeID(), c.NodeID)
 	}
 	return nil
 }
@@ -92,6 +113,8 @@ type Store struct {
 	fwdLn net.Listener
 	http  *http.Client
 	m     *metrics
+
+	enrollSem chan struct{} // bounds concurrent /cluster/enroll
 
 	leaderCh  chan bool
 	done      chan struct{}
@@ -128,7 +151,9 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 		return nil, fmt.Errorf("store: data dir: %w", err)
 	}
 	s := &Store{cfg: cfg, log: log, leaderCh: make(chan bool, 16), done: make(chan struct{}),
-		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}}
+		enrollSem: make(chan struct{}, maxEnrollInFlight)}
+	s.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
+		TLSClientConfig: cfg.Identity.ClientTLS(s.peerCheck), TLSHandshakeTimeout: handshakeTimeout}}
 	s.baseCtx, s.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -173,13 +198,18 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	s.m = newMetrics()
 	s.fsm.onApplyError = func(code string) { s.m.applyErrors.WithLabelValues(code).Inc() }
 
-	s.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, transportPool, transportTimeout, hlog)
+	stream, err := newTLSStream(cfg.RaftAddr, cfg.Identity.ServerTLS(tls.RequireAndVerifyClientCert, s.peerCheck),
+		cfg.Identity.ClientTLS(s.peerCheck))
 	if err != nil {
 		return nil, fmt.Errorf("store: raft transport on %s: %w", cfg.RaftAddr, err)
 	}
-	if s.fwdLn, err = net.Listen("tcp", cfg.ForwardAddr); err != nil {
+	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: stream,
+		MaxPool: transportPool, Timeout: transportTimeout, Logger: hlog})
+	fwdLn, err := net.Listen("tcp", cfg.ForwardAddr)
+	if err != nil {
 		return nil, fmt.Errorf("store: forward listener on %s: %w", cfg.ForwardAddr, err)
 	}
+	s.fwdLn = tls.NewListener(fwdLn, cfg.Identity.ServerTLS(tls.VerifyClientCertIfGiven, s.peerCheck))
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -342,7 +372,8 @@ func (s *Store) Run(ctx context.Context, log *slog.Logger) error {
 		log = log.With("component", "store")
 	}
 	srv := &http.Server{Handler: s.forwardHandler(), ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
+		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)} // TLS handshake refusals land here
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(s.fwdLn) }()
 	log.Info("forward RPC serving", "addr", s.ForwardAddr())

@@ -56,6 +56,10 @@ func prepare(c *command) {
 	for i := range c.Machines {
 		setID(&c.Machines[i].Meta, "m-")
 	}
+	if c.Type == CmdPutJoinToken && c.JoinToken != nil {
+		c.JoinToken.Created = c.Time
+		c.JoinToken.Expires = c.Time.Add(c.JoinToken.TTL)
+	}
 }
 
 // write submits c: on the leader through raft, on a follower through the
