@@ -20,6 +20,7 @@
 //	provisioning+build_complete ─(no netboot within RebootTimeout)─▶ provisioned            reason reboot_unobserved
 //	provisioning|inspecting|erasing ─(step failed / deadline passed)─▶ failed   reason = step reason | timeout
 //	provisioned ─(Release)─▶ erasing ─(erase succeeded)─▶ available
+//	quarantined ─(Erase)─▶ erasing ─(erase succeeded)─▶ inspecting     reason erase_complete; the running agent inspects again
 //
 // A provisioning machine whose Reason is build_complete has its image
 // written, verified, staged and finalized; the agent then reboots it

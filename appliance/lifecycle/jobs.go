@@ -36,6 +36,7 @@ const (
 	ReasonReleased            = "released"
 	ReasonEraseRequested      = "erase_requested"
 	ReasonEraseComplete       = "erase_complete"
+	ReasonEraseQuarantined    = "erase_quarantined" // erasing a quarantined machine: inspected again after the erase
 	ReasonTimeout             = "timeout"
 	ReasonBMCFailed           = "bmc_failed"
 	ReasonAgentRestarted      = "agent_restarted"

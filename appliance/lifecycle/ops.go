@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"kiln/api/agentapi"
 	"kiln/appliance/lifecycle/intake"
 	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
@@ -245,7 +246,12 @@ func (c *Controller) Release(ctx context.Context, id string, w store.W) (store.M
 
 // Erase moves an available, failed, quarantined or provisioned machine to
 // erasing (reason erase_requested); the agent wipes its disks, then it is
-// available. Errors: *StateError, store errors.
+// available, or inspecting when it must be inspected again first (see
+// AgentReport). A quarantined machine's hardware is not trusted: it is
+// erasing with reason erase_quarantined (whatever reason w gives; w's
+// reason and message still go to the transition event), and that reason
+// is the durable marker that sends it to inspection after the erase.
+// Errors: *StateError, store errors.
 func (c *Controller) Erase(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	return c.startErase(ctx, "erase", id, []store.MachineState{store.StateAvailable, store.StateFailed,
 		store.StateQuarantined, store.StateProvisioned}, withDefaults(w, ReasonEraseRequested))
@@ -254,10 +260,19 @@ func (c *Controller) Erase(ctx context.Context, id string, w store.W) (store.Mac
 func (c *Controller) startErase(ctx context.Context, op, id string, from []store.MachineState, w store.W) (store.Machine, error) {
 	now := c.now()
 	wasAvailable := false
-	m, err := c.transition(ctx, op, id, from, store.StateErasing, w, func(m *store.Machine) {
+	m, err := c.update(ctx, id, w, func(m *store.Machine) error {
+		if !hasState(from, m.State) {
+			return &StateError{Op: op, Machine: id, State: m.State, Want: from}
+		}
 		wasAvailable = m.State == store.StateAvailable
+		m.Reason, m.Message = w.Reason, w.Message
+		if m.State == store.StateQuarantined {
+			m.Reason = ReasonEraseQuarantined
+		}
+		m.State = store.StateErasing
 		m.Claim = nil
-		m.Step = pendingStep("erase", now, now.Add(c.cfg.BootTimeout))
+		m.Step = pendingStep(agentapi.StepErase, now, now.Add(c.cfg.BootTimeout))
+		return nil
 	})
 	if err != nil {
 		return m, err
@@ -268,10 +283,29 @@ func (c *Controller) startErase(ctx context.Context, op, id string, from []store
 	return m, nil
 }
 
+// reinspectAfterErase says why a machine whose erase just succeeded must be
+// inspected again before it may be available ("" = it need not): it was
+// erased from quarantine (reason erase_quarantined), or the hardware on
+// record (the last registration, the erase boot's included) is missing or
+// has a blocking difference from the intended fields.
+func reinspectAfterErase(m store.Machine) string {
+	switch {
+	case m.Reason == ReasonEraseQuarantined:
+		return "it was quarantined"
+	case m.Discovered == nil:
+		return "no inspection on record"
+	case len(blocking(m.Diff)) > 0:
+		return "blocking difference in " + strings.Join(blocking(m.Diff), ", ")
+	}
+	return ""
+}
+
 // Inspect (re)inspects a machine: registered, discovered, available
 // (unclaimed), failed or quarantined → inspecting (reason
-// inspection_requested). A running agent is told to inspect; with a BMC the
-// machine is PXE-booted. Errors: *StateError, store errors.
+// inspection_requested). An agent heard within AgentStaleAfter gets the
+// inspect task at its next poll (AgentTask) and registers again with its
+// inventory; otherwise, with a BMC, the machine is PXE-booted (boot_pxe,
+// power_cycle jobs). Errors: *StateError, store errors.
 func (c *Controller) Inspect(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	w = withDefaults(w, ReasonInspectionRequested)
 	now := c.now()
