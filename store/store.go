@@ -633,7 +633,8 @@ func (s *Store) timeout(ctx context.Context) time.Duration {
 // it asks the leader (forward RPC) for its applied index and waits until
 // the local FSM has applied it. Errors: ErrNotLeader (no reachable
 // leader), ctx.Err(). On a local store every acknowledged write is
-// already applied: Barrier returns nil (ErrClosed once closed).
+// already applied: Barrier returns nil (ctx.Err() once ctx has ended,
+// ErrClosed once closed).
 func (s *Store) Barrier(ctx context.Context) error { return s.cons.barrier(ctx) }
 
 func (s *Store) raftBarrier(ctx context.Context) error {
