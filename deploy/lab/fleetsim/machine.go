@@ -56,6 +56,8 @@ type times struct {
 	provisioned, failed                              time.Time
 	reports                                          []time.Duration // each agent report's round trip
 	failReason                                       string
+	retries                                          int      // network boots tried again after an error
+	retryErrs                                        []string // their errors
 }
 
 const (
@@ -115,6 +117,11 @@ func (m *machine) mark(p *time.Time) {
 	}
 }
 
+// netbootRetries is how often a machine tries its network boot again after
+// an error (DHCP without an answer, a TFTP or HTTP error) before the
+// simulation records the error and leaves the machine powered on and stuck.
+const netbootRetries = 5
+
 // run is one power-on: network boot, then the agent, then (after the build)
 // the reboot's network boot to the local disk, after which the machine runs
 // its installed OS (idle) until powered off.
@@ -124,6 +131,17 @@ func (m *machine) run(ctx context.Context) {
 		first := m.boots == 1 && n == 0 // the first network boot of the run (inspection)
 		m.mu.Unlock()
 		act, err := m.netboot(ctx, first)
+		for try := 1; err != nil && ctx.Err() == nil && try <= netbootRetries; try++ {
+			// As PXE firmware does after a failed network boot: try again.
+			m.mu.Lock()
+			m.t.retries++
+			m.t.retryErrs = append(m.t.retryErrs, err.Error())
+			m.mu.Unlock()
+			if !sleepCtx(ctx, 2*time.Second) {
+				return
+			}
+			act, err = m.netboot(ctx, false)
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				m.setErr(err)

@@ -39,6 +39,10 @@ type Result struct {
 	EventKinds    map[string]int `json:"event_kinds"`
 	// Phases in the order of a machine's run.
 	Phases []Phase `json:"phases"`
+	// NetbootRetries counts network boots tried again after an error; RetryErrors
+	// are the first few of those errors.
+	NetbootRetries int      `json:"netboot_retries"`
+	RetryErrors    []string `json:"retry_errors,omitempty"`
 	// SimErrors are machines whose simulation hit an error (the first few in Errors).
 	SimErrors int      `json:"sim_errors"`
 	Errors    []string `json:"errors,omitempty"`
@@ -94,6 +98,12 @@ func (r *Result) fill(f *fleet, w *watcher, before, after procStat, start, end t
 			r.SimErrors++
 			if len(r.Errors) < 5 {
 				r.Errors = append(r.Errors, m.name+": "+m.err.Error())
+			}
+		}
+		r.NetbootRetries += t.retries
+		for _, e := range t.retryErrs {
+			if len(r.RetryErrors) < 5 {
+				r.RetryErrors = append(r.RetryErrors, m.name+": "+e)
 			}
 		}
 		m.mu.Unlock()
@@ -168,10 +178,13 @@ func (r *Result) Lines() []string {
 	if r.N > 0 {
 		per = float64(r.MachineEvents) / float64(r.N)
 	}
-	out = append(out, fmt.Sprintf("fleet: raft log %s MB, bbolt %s MB; events %d (%.1f per machine;%s); kiln cpu %.1f s; wall %.1f s (import %.1f s, enroll %.1f s); unfinished %d, simulator errors %d",
-		mb(r.RaftBytes), mb(r.FSMBytes), r.Events, per, kb.String(), r.KilnCPUSeconds, r.WallSeconds, r.ImportSeconds, r.EnrollSeconds, r.Unfinished, r.SimErrors))
+	out = append(out, fmt.Sprintf("fleet: raft log %s MB, bbolt %s MB; events %d (%.1f per machine;%s); kiln cpu %.1f s; wall %.1f s (import %.1f s, enroll %.1f s); unfinished %d, simulator errors %d, netboot retries %d",
+		mb(r.RaftBytes), mb(r.FSMBytes), r.Events, per, kb.String(), r.KilnCPUSeconds, r.WallSeconds, r.ImportSeconds, r.EnrollSeconds, r.Unfinished, r.SimErrors, r.NetbootRetries))
 	for _, e := range r.Errors {
 		out = append(out, "fleet: simulator error: "+e)
+	}
+	for _, e := range r.RetryErrors {
+		out = append(out, "fleet: netboot retried after: "+e)
 	}
 	for _, e := range r.Failures {
 		out = append(out, "fleet: kiln failed "+e)
