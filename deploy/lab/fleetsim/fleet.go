@@ -452,6 +452,11 @@ done:
 	if err := f.countEvents(ctx, res); err != nil {
 		return nil, err
 	}
+	if m, err := f.k.metrics(ctx); err == nil {
+		res.Metrics = m
+	} else {
+		f.say("fleet: kiln /metrics: %v", err)
+	}
 	res.RaftBytes, res.FSMBytes = storeFiles(f.k.data)
 	res.StoreBytes = dirSize(f.k.data)
 	for _, line := range res.Lines() {

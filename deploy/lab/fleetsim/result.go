@@ -37,6 +37,8 @@ type Result struct {
 	Events        int            `json:"events"`
 	MachineEvents int            `json:"machine_events"`
 	EventKinds    map[string]int `json:"event_kinds"`
+	// Metrics are the watched series of Kiln's /metrics at the end (metrics.go).
+	Metrics map[string]float64 `json:"metrics,omitempty"`
 	// Phases in the order of a machine's run.
 	Phases []Phase `json:"phases"`
 	// NetbootRetries counts network boots tried again after an error; RetryErrors
@@ -180,6 +182,9 @@ func (r *Result) Lines() []string {
 	}
 	out = append(out, fmt.Sprintf("fleet: raft log %s MB, bbolt %s MB; events %d (%.1f per machine;%s); kiln cpu %.1f s; wall %.1f s (import %.1f s, enroll %.1f s); unfinished %d, simulator errors %d, netboot retries %d",
 		mb(r.RaftBytes), mb(r.FSMBytes), r.Events, per, kb.String(), r.KilnCPUSeconds, r.WallSeconds, r.ImportSeconds, r.EnrollSeconds, r.Unfinished, r.SimErrors, r.NetbootRetries))
+	if r.Metrics != nil {
+		out = append(out, metricsLine(r.Metrics, r.N))
+	}
 	for _, e := range r.Errors {
 		out = append(out, "fleet: simulator error: "+e)
 	}
