@@ -76,9 +76,9 @@ func TestFleetSmall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	if res.Provisioned != 3 || res.Failed != 0 || res.SimErrors != 0 {
-		t.Fatalf("result: %d provisioned, %d failed, %d simulator errors, want 3, 0, 0:\n%s",
-			res.Provisioned, res.Failed, res.SimErrors, strings.Join(res.Lines(), "\n"))
+	if res.Provisioned != 3 || res.Failed != 0 || res.SimErrors != 0 || res.PowerOns != 3 || res.Repowered != 0 {
+		t.Fatalf("result: %d provisioned, %d failed, %d simulator errors, %d power-ons (%d machines twice), want 3, 0, 0, 3 (0):\n%s",
+			res.Provisioned, res.Failed, res.SimErrors, res.PowerOns, res.Repowered, strings.Join(res.Lines(), "\n"))
 	}
 	for _, p := range res.Phases {
 		if p.N == 0 {
@@ -95,11 +95,11 @@ func TestFleetSmall(t *testing.T) {
 }
 
 // benchSizes are the fleet sizes of the scaling curve: KILN_FLEET_SIZES
-// (comma-separated), default 50,200.
+// (comma-separated), default the curve 250,500,1000,2000.
 func benchSizes(t *testing.T) []int {
 	v := os.Getenv("KILN_FLEET_SIZES")
 	if v == "" {
-		v = "50,200"
+		v = "250,500,1000,2000"
 	}
 	var out []int
 	for _, f := range strings.Split(v, ",") {
@@ -147,7 +147,7 @@ func TestBenchFleetScaling(t *testing.T) {
 		}
 		benchline.Print(t, benchline.Line{Name: fmt.Sprintf("fleet_cpu_per_machine_n%d", n), Unit: "ms/machine", Kiln: res.CPUPerMachineMS,
 			Fields: []benchline.Field{{Key: "seconds", Value: benchline.Num(res.Seconds)}, {Key: "rss_mb", Value: benchline.Num(float64(res.PeakRSS) / (1 << 20))},
-				{Key: "store_mb", Value: benchline.Num(float64(res.StoreBytes) / (1 << 20))}, {Key: "provisioned", Value: strconv.Itoa(res.Provisioned)},
+				{Key: "store_mb", Value: benchline.Num(float64(res.StoreBytes) / (1 << 20))}, {Key: "provisioned", Value: strconv.Itoa(res.Provisioned)}, {Key: "repowered", Value: strconv.Itoa(res.Repowered)},
 				{Key: "total_p99_s", Value: benchline.Num(total.P99)}}})
 	}
 	lo, hi := sizes[0], sizes[len(sizes)-1]

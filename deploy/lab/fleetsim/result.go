@@ -41,6 +41,11 @@ type Result struct {
 	Metrics map[string]float64 `json:"metrics,omitempty"`
 	// Phases in the order of a machine's run.
 	Phases []Phase `json:"phases"`
+	// PowerOns counts the power-ons Kiln's BMC calls gave the machines;
+	// Repowered is how many machines were powered on (or reset) more than
+	// once, which a run without faults should not need (one per inspection).
+	PowerOns  int `json:"power_ons"`
+	Repowered int `json:"repowered"`
 	// NetbootRetries counts network boots tried again after an error; RetryErrors
 	// are the first few of those errors.
 	NetbootRetries int      `json:"netboot_retries"`
@@ -95,7 +100,7 @@ func (r *Result) fill(f *fleet, w *watcher, before, after procStat, start, end t
 	}
 	for _, m := range f.machines {
 		m.mu.Lock()
-		t := m.t
+		t, boots := m.t, m.boots
 		if m.err != nil {
 			r.SimErrors++
 			if len(r.Errors) < 5 {
@@ -103,6 +108,10 @@ func (r *Result) fill(f *fleet, w *watcher, before, after procStat, start, end t
 			}
 		}
 		r.NetbootRetries += t.retries
+		r.PowerOns += boots
+		if boots > 1 {
+			r.Repowered++
+		}
 		for _, e := range t.retryErrs {
 			if len(r.RetryErrors) < 5 {
 				r.RetryErrors = append(r.RetryErrors, m.name+": "+e)
@@ -180,8 +189,8 @@ func (r *Result) Lines() []string {
 	if r.N > 0 {
 		per = float64(r.MachineEvents) / float64(r.N)
 	}
-	out = append(out, fmt.Sprintf("fleet: raft log %s MB, bbolt %s MB; events %d (%.1f per machine;%s); kiln cpu %.1f s; wall %.1f s (import %.1f s, enroll %.1f s); unfinished %d, simulator errors %d, netboot retries %d",
-		mb(r.RaftBytes), mb(r.FSMBytes), r.Events, per, kb.String(), r.KilnCPUSeconds, r.WallSeconds, r.ImportSeconds, r.EnrollSeconds, r.Unfinished, r.SimErrors, r.NetbootRetries))
+	out = append(out, fmt.Sprintf("fleet: raft log %s MB, bbolt %s MB; events %d (%.1f per machine;%s); kiln cpu %.1f s; wall %.1f s (import %.1f s, enroll %.1f s); unfinished %d, simulator errors %d, netboot retries %d; power-ons %d (%d machines more than once)",
+		mb(r.RaftBytes), mb(r.FSMBytes), r.Events, per, kb.String(), r.KilnCPUSeconds, r.WallSeconds, r.ImportSeconds, r.EnrollSeconds, r.Unfinished, r.SimErrors, r.NetbootRetries, r.PowerOns, r.Repowered))
 	if r.Metrics != nil {
 		out = append(out, metricsLine(r.Metrics, r.N))
 	}
