@@ -34,7 +34,7 @@ func (s *staleList) ListMachines(opt store.ListOptions) ([]store.Machine, string
 // Auto-inspection never power-cycles a machine that left registered after
 // the list it walks was read.
 func TestAutoInspectSkipsMachinesThatMovedOn(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	sl := &staleList{Store: f}
 	h := newHarness(t, sl, nil)
 	sl.h = h
@@ -47,13 +47,13 @@ func TestAutoInspectSkipsMachinesThatMovedOn(t *testing.T) {
 	sl.id = res.IDs[0]
 	must(t, h.c.autoInspect(bg))
 	h.mustState(res.IDs[0], store.StateAvailable) // its agent registered and was inspected
-	for _, j := range f.allJobs() {
+	for _, j := range allJobs(t, f) {
 		if j.Machine == res.IDs[0] {
 			t.Fatalf("auto-inspection queued %s for r1, whose agent had registered: %+v", j.Kind, j)
 		}
 	}
 	n := 0
-	for _, j := range f.allJobs() {
+	for _, j := range allJobs(t, f) {
 		if j.Machine == res.IDs[1] {
 			n++
 		}
