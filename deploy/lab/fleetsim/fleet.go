@@ -53,6 +53,10 @@ type Options struct {
 	// EnvBytes is how much of the kernel and of the initramfs each machine
 	// fetches, from the start, with a Range request (default 1 MiB; 0 < n).
 	EnvBytes int64 `json:"env_bytes"`
+	// WriteTime is how long each machine's write step lasts after the image
+	// is hashed (a real disk write), with a running heartbeat every
+	// Task.Heartbeat meanwhile (default 0: the write ends with the download).
+	WriteTime time.Duration `json:"write_time"`
 	// AgentPoll is Kiln's lifecycle.agent_poll_after (0: Kiln's default).
 	AgentPoll time.Duration `json:"agent_poll"`
 	// BMCConcurrency is Kiln's bmc.concurrency (0: Kiln's default).

@@ -525,6 +525,9 @@ func (m *machine) build(ctx context.Context, a *agentConn, task *agentapi.Task) 
 			if sum != strings.ToLower(img.SHA256) {
 				return "", &stepErr{agentapi.ReasonDigestMismatch, fmt.Errorf("served image sha256 %s, want %s", sum, img.SHA256)}
 			}
+			if err := m.busy(ctx, a, agentapi.StepWrite, task.Heartbeat, m.f.o.WriteTime); err != nil {
+				return "", err
+			}
 			m.mark(&m.t.writeDone)
 			return fmt.Sprintf("%d bytes, 0 resumptions", n), nil
 		}},
@@ -569,6 +572,33 @@ func (m *machine) build(ctx context.Context, a *agentConn, task *agentapi.Task) 
 	}
 	m.mark(&m.t.rebootReport)
 	return a.report(ctx, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateStarted})
+}
+
+// busy stands for a step that takes d (a disk write of a real image): the
+// agent sends a running heartbeat every hb (Task.Heartbeat; 10 s when unset),
+// as cmd/kiln-agent/agent's progress does.
+func (m *machine) busy(ctx context.Context, a *agentConn, step string, hb, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	if hb <= 0 {
+		hb = 10 * time.Second
+	}
+	end := time.Now().Add(d)
+	for {
+		left := time.Until(end)
+		if left <= 0 {
+			return nil
+		}
+		if !sleepCtx(ctx, min(hb, left)) {
+			return ctx.Err()
+		}
+		if time.Until(end) > 0 {
+			p := 1 - float64(time.Until(end))/float64(d)
+			_ = a.report(ctx, agentapi.Report{Step: step, State: agentapi.StateRunning, Progress: p,
+				Message: fmt.Sprintf("%d%%", int(p*100))})
+		}
+	}
 }
 
 type stepErr struct {

@@ -49,6 +49,7 @@ func run() error {
 	flag.StringVar(&o.Prefix, "prefix", "kfs", "network namespace prefix (PREFIX-srv, PREFIX-lan)")
 	flag.IntVar(&o.ImageMiB, "image-mib", 4, "raw image size in MiB")
 	flag.Int64Var(&o.EnvBytes, "env-bytes", 1<<20, "bytes of the kernel and of the initramfs each machine fetches (Range)")
+	flag.DurationVar(&o.WriteTime, "write-time", 0, "each machine's write step lasts this long, with heartbeats every Task.Heartbeat (a real disk write)")
 	flag.DurationVar(&o.AgentPoll, "agent-poll", 0, "Kiln's lifecycle.agent_poll_after (0: Kiln's default)")
 	flag.IntVar(&o.BMCConcurrency, "bmc-concurrency", 0, "Kiln's bmc.concurrency (0: Kiln's default)")
 	flag.DurationVar(&o.Timeout, "timeout", 0, "bound of the run (default 5 min + 0.5 s per machine)")
