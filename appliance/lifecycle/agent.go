@@ -78,7 +78,7 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 		return nil
 	}
 	w := store.W{Actor: ActorController}
-	m, err := c.update(ctx, machineID, w, record)
+	m, err := c.report(ctx, machineID, nil, w, record)
 	if errors.Is(err, store.ErrDuplicateMAC) {
 		// A discovered MAC belongs to another machine's record (swapped NIC
 		// or cabling): keep the machine's own MACs and block on the rest.
@@ -92,7 +92,7 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 			keep = append(keep, n)
 		}
 		hw.NICs = keep
-		m, err = c.update(ctx, machineID, w, record)
+		m, err = c.report(ctx, machineID, nil, w, record)
 	}
 	if err != nil {
 		return agentapi.Task{}, err
@@ -282,8 +282,11 @@ func validReport(rep agentapi.Report) error {
 // provisioning with Reason build_complete (the durable "build complete"
 // marker) and Step.Deadline = now + RebootTimeout; later reports (the
 // agent's reboot step) are recorded and keep that deadline. BootFor or the
-// loop then makes it provisioned. Errors: ErrMachineMismatch, ErrBadReport,
-// store.ErrNotFound, store errors.
+// loop then makes it provisioned. The event and the machine write are one
+// store command (Store.ReportAgent), heartbeats included: a write refused
+// on conflict is retried from a fresh read, and a report that fails stores
+// no event. Errors: ErrMachineMismatch, ErrBadReport, store.ErrNotFound,
+// store.ErrConflict (gave up after maxCASRetries), store errors.
 func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agentapi.Report) error {
 	if rep.MachineID != "" && rep.MachineID != machineID {
 		return fmt.Errorf("%w: token for %s, report for %s", ErrMachineMismatch, machineID, rep.MachineID)
@@ -306,12 +309,10 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 	if msg != "" {
 		evMsg += ": " + msg
 	}
-	if err := c.st.AppendEvents(ctx, []store.Event{{Subject: "machine/" + machineID, Kind: "step", Actor: ActorAgent,
-		To: string(rep.State), Reason: string(rep.Reason), Message: evMsg}}); err != nil {
-		return fmt.Errorf("lifecycle: record step event for %s: %w", machineID, err)
-	}
+	ev := []store.Event{{Subject: "machine/" + machineID, Kind: "step", Actor: ActorAgent,
+		To: string(rep.State), Reason: string(rep.Reason), Message: evMsg}}
 	c.observeStep(machineID, rep, now)
-	_, err := c.update(ctx, machineID, store.W{Actor: ActorController}, func(m *store.Machine) error {
+	_, err := c.report(ctx, machineID, ev, store.W{Actor: ActorController}, func(m *store.Machine) error {
 		prev := m.Step
 		done := buildComplete(*m)
 		st := &store.StepStatus{Step: rep.Step, State: string(rep.State), Reason: string(rep.Reason),

@@ -95,6 +95,9 @@ type Store interface {
 	ListMachines(opt store.ListOptions) ([]store.Machine, string, error)
 	PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)
 	PutMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error)
+	// ReportAgent is one agent report: events and the machine's CAS write
+	// in one command, both or neither (store command 17 agent_report).
+	ReportAgent(ctx context.Context, m store.Machine, evs []store.Event, w store.W) (store.Machine, error)
 	ImportMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error)
 	GetBMC(id string) (store.BMC, error)
 	PutBMC(ctx context.Context, b store.BMC, w store.W) (store.BMC, error)

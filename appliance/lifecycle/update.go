@@ -28,6 +28,24 @@ const maxCASRetries = 8
 // w.Reason when fn leaves it unchanged. fn returning errNoChange skips the
 // write and returns the current machine with a nil error.
 func (c *Controller) update(ctx context.Context, id string, w store.W, fn func(m *store.Machine) error) (store.Machine, error) {
+	return c.casLoop(ctx, id, w, fn, c.st.PutMachine)
+}
+
+// report is update for one agent report: the machine write and the
+// report's events evs go to the store as ONE command (Store.ReportAgent,
+// store command 17 agent_report), so a write refused on conflict stores
+// none of evs and the retry sends them again with the re-read machine; a
+// report that gives up (or fails) leaves no event. fn returning
+// errNoChange writes nothing, evs included.
+func (c *Controller) report(ctx context.Context, id string, evs []store.Event, w store.W, fn func(m *store.Machine) error) (store.Machine, error) {
+	return c.casLoop(ctx, id, w, fn, func(ctx context.Context, m store.Machine, w store.W) (store.Machine, error) {
+		return c.st.ReportAgent(ctx, m, evs, w)
+	})
+}
+
+// casLoop is update and report: read, fn, check, put, retry on conflict.
+func (c *Controller) casLoop(ctx context.Context, id string, w store.W, fn func(m *store.Machine) error,
+	put func(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)) (store.Machine, error) {
 	var last error
 	for attempt := 0; attempt < maxCASRetries; attempt++ {
 		cur, err := c.st.GetMachine(id)
@@ -53,7 +71,7 @@ func (c *Controller) update(ctx context.Context, id string, w store.W, fn func(m
 				w.Reason = m.Reason
 			}
 		}
-		out, err := c.st.PutMachine(ctx, m, w)
+		out, err := put(ctx, m, w)
 		if errors.Is(err, store.ErrConflict) {
 			last = err
 			continue
