@@ -1,3 +1,6 @@
+// Service, the domain as the REST API sees it (package api's Backend): who
+// answers each method.
+
 package lifecycle
 
 import (

@@ -1,3 +1,11 @@
+// The transitions' write path, the one place a machine record is written
+// from a read: update (read, mutate, check store.CanTransition,
+// compare-and-set, retry on conflict), report (the same loop for an agent
+// report, one store command with its events), transition, and the closed
+// sets of actors and reasons the controller records. The operations that
+// call them are in ops.go, the deadlines in deadlines.go, the agent
+// protocol in agent.go.
+
 package lifecycle
 
 import (
@@ -13,6 +21,28 @@ import (
 const (
 	ActorController = "controller"
 	ActorAgent      = "agent"
+)
+
+// Machine reasons set by the controller (closed set, besides agentapi reasons).
+const (
+	ReasonInspectionStarted   = "inspection_started"
+	ReasonInspectionRequested = "inspection_requested"
+	ReasonInspectionPassed    = "inspection_passed"
+	ReasonHardwareMismatch    = "hardware_mismatch"
+	ReasonAgentRegistered     = "agent_registered"
+	ReasonBuildStarted        = "build_started"
+	ReasonBuildComplete       = "build_complete"    // finalize succeeded; still provisioning until the disk boots
+	ReasonBootedLocalDisk     = "booted_local_disk" // the post-build netboot was told to exit to the disk
+	ReasonRebootUnobserved    = "reboot_unobserved" // no netboot within RebootTimeout after the build completed
+	ReasonReleased            = "released"
+	ReasonEraseRequested      = "erase_requested"
+	ReasonEraseComplete       = "erase_complete"
+	ReasonEraseQuarantined    = "erase_quarantined" // erasing a quarantined machine: inspected again after the erase
+	ReasonTimeout             = "timeout"
+	ReasonBMCFailed           = "bmc_failed"
+	ReasonAgentRestarted      = "agent_restarted"
+	ReasonClaimed             = "claimed"
+	ReasonDiscovered          = "discovered"
 )
 
 // errNoChange tells update that fn decided to write nothing.
