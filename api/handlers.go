@@ -45,10 +45,7 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-var (
-	idRe  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	hexRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
-)
+var hexRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // queryInt parses an optional integer query parameter within [lo, hi].
 func queryInt(c echo.Context, name string, def, lo, hi int) (int, error) {

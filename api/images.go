@@ -76,8 +76,9 @@ func (s *Server) uploadImage(c echo.Context) error {
 		return invalid("format", "%v", rules.CheckImageFormat(meta.Format))
 	case meta.Format != "raw" && meta.Size == 0:
 		return invalid("size", "required for a %s image: the length in bytes of its decompressed content", meta.Format)
-	case meta.ID != "" && !idRe.MatchString(meta.ID):
-		return invalid("id", "must match %s", idRe)
+	}
+	if err := rules.CheckID("id", meta.ID); err != nil {
+		return err
 	}
 	if err := firstErr(checkText("version", meta.Version, rules.MaxTextLen),
 		checkText("source", meta.Source, rules.MaxDescriptionLen)); err != nil {
