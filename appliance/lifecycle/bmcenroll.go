@@ -26,29 +26,15 @@ type Sealer interface {
 // points at it. The password is never stored or returned in clear. Then,
 // when the BMC offers an inventory (BMCInventory), it is read into the
 // machine's discovered fields (readInventory; a failed read is an event,
-// not an error). Errors: ErrNoSealer, ErrInvalid (address, driver, username, password),
+// not an error). Errors: ErrNoSealer, ErrInvalid wrapping the
+// *rules.FieldError of rules.CheckBMC (address, driver, username, password),
 // store errors.
 func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BMC, password string, w store.W) (store.BMC, error) {
 	if c.cfg.Sealer == nil {
 		return store.BMC{}, ErrNoSealer
 	}
-	if b.Driver == "" {
-		b.Driver = "auto"
-	}
-	if err := rules.CheckBMCDriver(b.Driver); err != nil {
-		return store.BMC{}, fmt.Errorf("%w: driver %v", ErrInvalid, err)
-	}
-	if err := rules.CheckHostPort(b.Address); err != nil {
-		return store.BMC{}, fmt.Errorf("%w: address: %v", ErrInvalid, err)
-	}
-	if b.Username == "" {
-		return store.BMC{}, fmt.Errorf("%w: username is required", ErrInvalid)
-	}
-	if err := rules.CheckText(b.Username, rules.MaxTextLen); err != nil {
-		return store.BMC{}, fmt.Errorf("%w: username %v", ErrInvalid, err)
-	}
-	if password == "" {
-		return store.BMC{}, fmt.Errorf("%w: password is required", ErrInvalid)
+	if err := rules.CheckBMC(&b, password); err != nil {
+		return store.BMC{}, invalidField(err)
 	}
 	m, err := c.st.GetMachine(machineID)
 	if err != nil {

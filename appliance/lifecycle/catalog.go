@@ -8,12 +8,10 @@ package lifecycle
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"regexp"
 	"strings"
 	"sync"
 
@@ -41,8 +39,6 @@ type CatalogDeleter interface {
 	Delete(name string) error
 }
 
-var imageNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
 // UploadImage streams r into the catalog under meta.Name and records the
 // image. Images are immutable content pinned by digest:
 //
@@ -64,32 +60,15 @@ var imageNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 //     another digest ErrDigest.
 //
 // On any error nothing is recorded and the catalog keeps nothing. Errors:
-// ErrNoCatalog, ErrInvalid, ErrDigest, ErrImageFormat, ErrImageSize,
+// ErrNoCatalog, ErrInvalid (wrapping the *rules.FieldError of
+// rules.CheckImage, the metadata's one rule), ErrDigest, ErrImageFormat, ErrImageSize,
 // store.ErrConflict, the catalog's error (a read error of r among them).
 func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error) {
 	if c.cfg.Catalog == nil {
 		return store.Image{}, ErrNoCatalog
 	}
-	if !imageNameRe.MatchString(meta.Name) {
-		return store.Image{}, fmt.Errorf("%w: name %q: letters, digits, '.', '_', '-' (max 128)", ErrInvalid, meta.Name)
-	}
-	meta.SHA256 = strings.ToLower(strings.TrimSpace(meta.SHA256))
-	if meta.SHA256 != "" {
-		if b, err := hex.DecodeString(meta.SHA256); err != nil || len(b) != 32 {
-			return store.Image{}, fmt.Errorf("%w: sha256 %q: want 64 hex digits", ErrInvalid, meta.SHA256)
-		}
-	}
-	if meta.Size > store.MaxImageSize {
-		return store.Image{}, fmt.Errorf("%w: size_bytes %d: more than the largest image, %d bytes (16 TiB)", ErrInvalid, meta.Size, uint64(store.MaxImageSize))
-	}
-	if meta.Format == "" {
-		meta.Format = "raw"
-	}
-	if err := rules.CheckImageFormat(meta.Format); err != nil {
-		return store.Image{}, fmt.Errorf("%w: format %v", ErrInvalid, err)
-	}
-	if meta.Format != "raw" && (meta.SHA256 == "" || meta.Size == 0) {
-		return store.Image{}, fmt.Errorf("%w: a %s image needs sha256 and size_bytes of its raw content", ErrInvalid, meta.Format)
+	if err := rules.CheckImage(&meta); err != nil {
+		return store.Image{}, invalidField(err)
 	}
 	// One upload per name and per chosen ID at a time: the checks below and
 	// the catalog's atomic replace would otherwise let two concurrent uploads
