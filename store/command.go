@@ -31,6 +31,8 @@ const (
 	CmdPutMachinesV2                     // 14: Machines; as 3, and a claim a write adds or changes must name a stored image
 	CmdDeleteImageV2                     // 15: ID; as 8, refused (ErrImageInUse) while a machine's claim names the image
 	CmdImportMachines                    // 16: Machines, create only; name, serial, BMC and NIC MACs unique (*ImportConflictError)
+	cmdReserved17                        // 17: reserved (agent_report)
+	CmdBindLeases                        // 18: Leases; bind/decline/release by address, refused while another client holds it (*AddressTakenError)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -42,7 +44,7 @@ const (
 var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "delete_machine",
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
-	"import_machines"}
+	"import_machines", "reserved_17", "bind_leases"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
