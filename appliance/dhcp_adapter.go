@@ -2,7 +2,6 @@ package appliance
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -15,12 +14,14 @@ import (
 
 // dhcpBackend adapts the replicated store to dhcp.Backend. Machine reads the
 // local replica (the boot path never waits on raft); Discovered and
-// SaveLeases write through raft (forwarded to the leader by the store).
+// CommitLeases write through raft (forwarded to the leader by the store);
+// the lease methods are in dhcp_leases.go.
 type dhcpBackend struct {
 	st          *store.Store
 	scriptURL   func(mac string) string
 	log         *slog.Logger
 	discoveries chan discovery
+	voters      voterCache // Members (dhcp_leases.go)
 }
 
 func (b *dhcpBackend) Machine(mac net.HardwareAddr) (dhcp.MachineInfo, bool) {
@@ -111,34 +112,6 @@ func archName(a uint16) string {
 		return "none"
 	}
 	return "other"
-}
-
-func (b *dhcpBackend) LoadLeases() ([]dhcp.Lease, error) {
-	ls, err := b.st.Leases()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]dhcp.Lease, 0, len(ls))
-	for _, l := range ls {
-		mac, err := net.ParseMAC(l.MAC)
-		if err != nil {
-			return nil, errors.New("lease with malformed MAC " + l.MAC)
-		}
-		ip, err := netip.ParseAddr(l.IP)
-		if err != nil {
-			return nil, errors.New("lease with malformed IP " + l.IP)
-		}
-		out = append(out, dhcp.Lease{MAC: mac, IP: ip, Hostname: l.Hostname, Expiry: l.Expiry, State: l.State})
-	}
-	return out, nil
-}
-
-func (b *dhcpBackend) SaveLeases(ctx context.Context, ls []dhcp.Lease) error {
-	out := make([]store.Lease, len(ls))
-	for i, l := range ls {
-		out[i] = store.Lease{MAC: strings.ToLower(l.MAC.String()), IP: l.IP.String(), Hostname: l.Hostname, Expiry: l.Expiry.UTC(), State: l.State}
-	}
-	return b.st.PutLeases(ctx, out)
 }
 
 // sanitizeLabel keeps printable ASCII without spaces, at most 63 bytes.
