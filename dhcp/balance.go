@@ -1,6 +1,7 @@
 package dhcp
 
 import (
+	"net"
 	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
@@ -48,6 +49,16 @@ func loadbHash(key []byte) byte {
 	return h
 }
 
+// Owner returns which of n members (0..n-1, in the order Membership.Members
+// gives) answers the client with hardware address chaddr at first: its RFC
+// 3074 hash bucket modulo n. n ≤ 0 gives 0.
+func Owner(chaddr net.HardwareAddr, n int) int {
+	if n <= 0 {
+		return 0
+	}
+	return int(loadbHash(chaddr)) % n
+}
+
 // balanced reports whether a message of type mt takes part in the load
 // balancing: DISCOVER, INFORM, and a REQUEST that no server is named in
 // (option 54 absent) and that is not a client renewing by unicast
@@ -86,7 +97,7 @@ func (s *Server) stepBalance(x *exchange) bool {
 	if len(members) <= 1 || !balanced(x) {
 		return false
 	}
-	owner := members[int(loadbHash(x.req.ClientHWAddr))%len(members)]
+	owner := members[Owner(x.req.ClientHWAddr, len(members))]
 	if owner == self || time.Duration(x.req.NumSeconds)*time.Second >= s.cfg.BalanceWait {
 		return false
 	}

@@ -126,7 +126,7 @@ func TestLoadBalancing(t *testing.T) {
 			}
 		}
 		mac, _ := net.ParseMAC(hw(i))
-		if want := int(loadbHash(mac)) % 3; answered != want {
+		if want := Owner(mac, 3); answered != want {
 			t.Fatalf("%s answered by n%d, owner is n%d", hw(i), answered, want)
 		}
 		per[answered]++
