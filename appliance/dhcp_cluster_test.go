@@ -347,7 +347,7 @@ func TestClusterDHCPOneHolderPerAddress(t *testing.T) {
 	}
 	refused := 0.0
 	for _, n := range nodes {
-		refused += testkit.Sample(t, n.reg, "kiln_dhcp_lease_refused_total")
+		refused += testkit.Sample(t, n.reg, "kiln_dhcp_drops_total", "reason", "address_taken")
 	}
 	t.Logf("20 addresses raced: 20 ACKs, 20 NAKs, of which %.0f by the FSM's refusal (the others by a view already up to date)", refused)
 

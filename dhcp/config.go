@@ -141,7 +141,7 @@ type Config struct {
 	DiscoverInterval time.Duration `yaml:"discover_interval"`
 	// Group commit: a batch is every lease change queued when the previous
 	// save ended, at most BatchMax; BatchDelay > 0 additionally lingers that
-	// long for more (0 = no linger). SaveTimeout bounds one SaveLeases call.
+	// long for more (0 = no linger). SaveTimeout bounds one CommitLeases call.
 	BatchMax    int           `yaml:"batch_max"`
 	BatchDelay  time.Duration `yaml:"batch_delay"`
 	SaveTimeout time.Duration `yaml:"save_timeout"`

@@ -121,12 +121,12 @@ func (s *Server) Handle(req *dhcpv4.DHCPv4, src, dst netip.AddrPort) (*dhcpv4.DH
 // REQUEST whose address another client holds gets a NAK; any other refusal
 // (or a DECLINE/RELEASE) leaves x silent.
 func (s *Server) refused(x *exchange, err error) {
-	s.m.refused.Inc()
 	if x.mt != dhcpv4.MessageTypeRequest || !errors.Is(err, ErrAddressTaken) {
 		s.m.drops.WithLabelValues("lease_refused").Inc()
 		x.resp = nil
 		return
 	}
+	s.m.drops.WithLabelValues("address_taken").Inc() // the ACK; a NAK goes instead
 	x.resp = s.nak(x, "requested address not available")
 	s.stepReply(x)
 }

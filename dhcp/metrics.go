@@ -14,18 +14,18 @@ import (
 //	                                      no_subnet, pool_exhausted, not_pxe, no_boot,
 //	                                      proxy_ignored, unsupported_type, field_too_long,
 //	                                      persist_error, commit_backlog, send_error, error,
-//	                                      not_owner, no_quorum, lease_refused)
+//	                                      not_owner, no_quorum, address_taken: the committer
+//	                                      refused the binding and a NAK went instead of the
+//	                                      ACK, lease_refused: any other refused change)
 //	kiln_dhcp_reply_seconds{type}         receive → reply sent, seconds (includes group commit)
 //	kiln_dhcp_lease_commit_seconds        one CommitLeases batch, seconds
 //	kiln_dhcp_lease_commit_leases_total   lease changes committed
-//	kiln_dhcp_lease_refused_total         lease changes the committer refused (a REQUEST's is NAKed)
 type metrics struct {
 	requests, replies *prometheus.CounterVec
 	drops             *prometheus.CounterVec
 	latency           *prometheus.HistogramVec
 	commit            prometheus.Histogram
 	committed         prometheus.Counter
-	refused           prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry) (*metrics, error) {
@@ -38,10 +38,9 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kiln_dhcp_lease_commit_seconds", Help: "Duration of one CommitLeases batch.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}),
 		committed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kiln_dhcp_lease_commit_leases_total", Help: "Lease changes committed."}),
-		refused:   prometheus.NewCounter(prometheus.CounterOpts{Name: "kiln_dhcp_lease_refused_total", Help: "Lease changes the committer refused (another client holds the address); a REQUEST's is answered with a NAK."}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.replies, m.drops, m.latency, m.commit, m.committed, m.refused} {
+		for _, c := range []prometheus.Collector{m.requests, m.replies, m.drops, m.latency, m.commit, m.committed} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
