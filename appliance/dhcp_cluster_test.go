@@ -199,7 +199,7 @@ func (c *client) dora(mac string, secs uint16, tries int) (ip netip.Addr, naks i
 		o := offers[0]
 		req := dmsg(c.t, mac, dhcpv4.MessageTypeRequest, secs, dhcpv4.OptRequestedIPAddress(o.YourIPAddr), dhcpv4.OptServerIdentifier(o.ServerIdentifier()))
 		req.TransactionID = o.TransactionID
-		for _, r := range c.send(req, netip.Addr{}, 1500*time.Millisecond, 1) {
+		for _, r := range c.send(req, netip.Addr{}, 4*time.Second, 1) {
 			switch r.MessageType() {
 			case dhcpv4.MessageTypeAck:
 				a, _ := netip.AddrFromSlice(r.YourIPAddr.To4())
@@ -325,7 +325,7 @@ func TestClusterDHCPOneHolderPerAddress(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got[i] = cl.send(dmsg(t, fmt.Sprintf("52:54:00:96:%02x:%02x", 0x10+i, k), dhcpv4.MessageTypeRequest, 0, dhcpv4.OptRequestedIPAddress(ip.AsSlice())), netip.Addr{}, 2*time.Second, 1)
+				got[i] = cl.send(dmsg(t, fmt.Sprintf("52:54:00:96:%02x:%02x", 0x10+i, k), dhcpv4.MessageTypeRequest, 0, dhcpv4.OptRequestedIPAddress(ip.AsSlice())), netip.Addr{}, 5*time.Second, 1)
 			}()
 		}
 		wg.Wait()
@@ -445,7 +445,7 @@ func TestClusterDHCPSharedSegment(t *testing.T) {
 		}
 		per[from]++
 	}
-	if offers := cl.send(dmsg(t, "52:54:00:97:01:01", dhcpv4.MessageTypeDiscover, 5), netip.Addr{}, 400*time.Millisecond); len(offers) != 3 {
+	if offers := cl.send(dmsg(t, "52:54:00:97:01:01", dhcpv4.MessageTypeDiscover, 5), netip.Addr{}, 2*time.Second, 3); len(offers) != 3 {
 		t.Fatalf("a client that waited 5 s got %d OFFERs, want 3", len(offers))
 	}
 	t.Logf("30 DISCOVERs, one OFFER each; per node %v", per)
@@ -461,15 +461,15 @@ func TestClusterDHCPSharedSegment(t *testing.T) {
 	c.Stop(o)
 	c.Leader()
 	testkit.IP(t, "-n", cns, "addr", "add", ip.String()+"/24", "dev", cif) // so the unicast replies to ciaddr arrive
-	rebind := func(secs uint16, to netip.Addr) []*dhcpv4.DHCPv4 {
+	rebind := func(secs uint16, to netip.Addr, wait time.Duration, enough int) []*dhcpv4.DHCPv4 {
 		m := dmsg(t, mac, dhcpv4.MessageTypeRequest, secs)
 		m.ClientIPAddr = ip.AsSlice()
-		return cl.send(m, to, 700*time.Millisecond)
+		return cl.send(m, to, wait, enough)
 	}
-	if rs := rebind(0, netip.Addr{}); len(rs) != 0 {
+	if rs := rebind(0, netip.Addr{}, 700*time.Millisecond, 0); len(rs) != 0 {
 		t.Fatalf("survivors answered the dead owner's client before it waited: %d replies", len(rs))
 	}
-	rs := rebind(4, netip.Addr{})
+	rs := rebind(4, netip.Addr{}, 5*time.Second, 2)
 	if len(rs) != 2 || rs[0].MessageType() != dhcpv4.MessageTypeAck || rs[0].IPAddressLeaseTime(0) != 10*time.Minute {
 		t.Fatalf("rebinding after the owner went: %d replies (%v)", len(rs), rs)
 	}
@@ -498,8 +498,8 @@ func TestClusterDHCPSharedSegment(t *testing.T) {
 		t.Fatalf("minority node offered a new address: %v", rs[0].YourIPAddr)
 	}
 	before := holder0(t, c.Nodes[last].Store, ip.String())
-	left := time.Until(before.Expiry) // measured before the REQUEST is sent, as the client counts
-	rs = rebind(0, nodes[last].ip)    // RENEWING: unicast to the node
+	left := time.Until(before.Expiry)                // measured before the REQUEST is sent, as the client counts
+	rs = rebind(0, nodes[last].ip, 3*time.Second, 1) // RENEWING: unicast to the node
 	if len(rs) != 1 || rs[0].MessageType() != dhcpv4.MessageTypeAck {
 		t.Fatalf("minority renewal: %v", rs)
 	}
