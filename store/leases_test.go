@@ -297,3 +297,32 @@ func TestLeaseWatcherFollowsApplyAndRestore(t *testing.T) {
 		t.Fatalf("restored address view: %+v %v", l, err)
 	}
 }
+
+// FuzzLeaseErrors: the per-change results of a bind_leases come back over
+// the forward RPC as JSON values; whatever their bytes, decoding them never
+// panics, a result that does not decode fails the whole write with
+// ErrBadCommand, and each decoded change is nil, an *AddressTakenError or
+// ErrInvalid.
+func FuzzLeaseErrors(f *testing.F) {
+	ok, _ := json.Marshal(leaseOutcome{Lease: Lease{MAC: "02:00:00:00:00:01", IP: "10.0.0.1", State: LeaseBound}})
+	taken, _ := json.Marshal(leaseOutcome{Lease: Lease{IP: "10.0.0.1"}, Holder: &Lease{MAC: "02:00:00:00:00:02", State: LeaseBound}})
+	bad, _ := json.Marshal(leaseOutcome{Error: "store: invalid argument: MAC"})
+	for _, v := range [][]byte{ok, taken, bad, []byte(`{}`), []byte(`null`), []byte(`{"holder":null,"error":""}`), []byte(`[`)} {
+		f.Add(v, ok)
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		errs, err := leaseErrors([]json.RawMessage{a, b}, 2)
+		if err != nil {
+			if !errors.Is(err, ErrBadCommand) || errs != nil {
+				t.Fatalf("whole-write error %v (errs %v)", err, errs)
+			}
+			return
+		}
+		for _, e := range errs {
+			var te *AddressTakenError
+			if e != nil && !errors.As(e, &te) && !errors.Is(e, ErrInvalid) {
+				t.Fatalf("unclassified change error %v", e)
+			}
+		}
+	})
+}
