@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,8 +26,8 @@ import (
 
 	. "kiln/api"
 	"kiln/api/agentapi"
-	"kiln/api/apitest"
 	"kiln/appliance/lifecycle/intake"
+	"kiln/appliance/lifecycle/lifecycletest"
 	"kiln/deploy/lab/testkit"
 	"kiln/store"
 )
@@ -37,42 +38,76 @@ const (
 	viewerTok   = "viewer-secret-token"
 )
 
+// harness serves the API over real HTTP in front of the real domain: the
+// lifecycle controller and its Service over a real store
+// (lifecycletest.New), wired as the appliance wires them.
 type harness struct {
-	t    *testing.T
-	f    *apitest.Fake
-	s    *Server
-	srv  *httptest.Server
-	reg  *prometheus.Registry
-	back Backend
+	t      *testing.T
+	d      *lifecycletest.Domain
+	st     *store.Store
+	s      *Server
+	srv    *httptest.Server
+	reg    *prometheus.Registry
+	back   Backend
+	health *healthSwitch
 }
 
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// testConfig has a token of each role and the appliance's error classes
+// for the domain's errors.
 func testConfig() Config {
 	return Config{Tokens: []TokenSpec{
 		{Name: "root", Role: RoleAdmin, SHA256: HashToken(adminTok)},
 		{Name: "ops", Role: RoleOperator, SHA256: HashToken(operatorTok)},
 		{Name: "ro", Role: RoleViewer, SHA256: HashToken(viewerTok)},
-	}}
+	}, ErrorClasses: lifecycletest.ErrorClasses()}
 }
 
-func newHarness(t *testing.T, wrap ...func(*apitest.Fake) Backend) *harness {
+// healthSwitch is the real backend whose Health a test may replace (a
+// follower, a node not ready), to see how the API answers.
+type healthSwitch struct {
+	Backend
+	mu sync.Mutex
+	h  *Health
+}
+
+func (b *healthSwitch) Health() Health {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.h != nil {
+		return *b.h
+	}
+	return b.Backend.Health()
+}
+
+func (b *healthSwitch) set(h Health) { b.mu.Lock(); b.h = &h; b.mu.Unlock() }
+
+// newHarness starts the domain and the API; wrap, if given, wraps the
+// backend (fault injection over the real one).
+func newHarness(t *testing.T, wrap ...func(Backend) Backend) *harness {
 	t.Helper()
-	f := apitest.New()
-	var b Backend = f
+	return newHarnessConfig(t, testConfig(), wrap...)
+}
+
+func newHarnessConfig(t *testing.T, cfg Config, wrap ...func(Backend) Backend) *harness {
+	t.Helper()
+	d := lifecycletest.New(t)
+	hs := &healthSwitch{Backend: d.Backend()}
+	var b Backend = hs
 	if len(wrap) > 0 {
-		b = wrap[0](f)
+		b = wrap[0](hs)
 	}
 	reg := prometheus.NewRegistry()
-	s, err := New(testConfig(), b, reg, testLogger(t))
+	s, err := New(cfg, b, reg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
-	return &harness{t: t, f: f, s: s, srv: srv, reg: reg, back: b}
+	return &harness{t: t, d: d, st: d.Store, s: s, srv: srv, reg: reg, back: b, health: hs}
 }
 
 type resp struct {
@@ -140,12 +175,19 @@ func (h *harness) want(r resp, code int, errCode string) {
 	}
 }
 
+// machine records a machine as a test fixture, straight into the store,
+// and walks it along legal transitions to state.
 func (h *harness) machine(name, mac string, state store.MachineState, labels map[string]string) store.Machine {
 	h.t.Helper()
-	m, err := h.f.PutMachine(context.Background(), store.Machine{Name: name, State: store.StateRegistered, Labels: labels,
+	return fixtureMachine(h.t, h.st, name, mac, state, labels)
+}
+
+func fixtureMachine(t testing.TB, st *store.Store, name, mac string, state store.MachineState, labels map[string]string) store.Machine {
+	t.Helper()
+	m, err := st.PutMachine(context.Background(), store.Machine{Name: name, State: store.StateRegistered, Labels: labels,
 		Intended: store.Hardware{NICs: []store.NIC{{MAC: mac}}}}, store.W{Actor: "test"})
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
 	}
 	path := map[store.MachineState][]store.MachineState{
 		store.StateRegistered:   nil,
@@ -155,19 +197,65 @@ func (h *harness) machine(name, mac string, state store.MachineState, labels map
 		store.StateProvisioned:  {store.StateInspecting, store.StateAvailable, store.StateProvisioning, store.StateProvisioned},
 		store.StateFailed:       {store.StateInspecting, store.StateFailed},
 	}[state]
-	for _, st := range path {
-		m.State = st
-		if m, err = h.f.PutMachine(context.Background(), m, store.W{Actor: "test"}); err != nil {
-			h.t.Fatal(err)
+	for _, s := range path {
+		m.State = s
+		if m, err = st.PutMachine(context.Background(), m, store.W{Actor: "test"}); err != nil {
+			t.Fatal(err)
 		}
 	}
 	return m
 }
 
+// get reads machine id from the store.
+func (h *harness) get(id string) store.Machine {
+	h.t.Helper()
+	m, err := h.st.GetMachine(id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return m
+}
+
+// agentToken has the lifecycle issue a per-boot agent token for m, as it
+// does when m netboots (BootFor on its first MAC).
+func (h *harness) agentToken(m store.Machine) string {
+	h.t.Helper()
+	b, err := h.d.Controller.BootFor(context.Background(), m.Intended.NICs[0].MAC)
+	if err != nil || b.Token == "" {
+		h.t.Fatalf("boot %s: %+v %v", m.ID, b, err)
+	}
+	return b.Token
+}
+
+// addEvent appends ev to the store's log and returns its index.
+func (h *harness) addEvent(ev store.Event) uint64 {
+	h.t.Helper()
+	if err := h.st.AppendEvents(context.Background(), []store.Event{ev}); err != nil {
+		h.t.Fatal(err)
+	}
+	return h.st.LastEventIndex()
+}
+
+// events returns the store's events about subject, oldest first.
+func (h *harness) events(subject string) []store.Event {
+	h.t.Helper()
+	all, err := h.st.Events(0, 100000)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []store.Event
+	for _, ev := range all {
+		if ev.Subject == subject {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
 func (h *harness) image(data []byte) store.Image {
 	h.t.Helper()
 	sum := sha256.Sum256(data)
-	im, err := h.f.UploadImage(context.Background(), store.Image{Name: "ubuntu", Version: "24.04",
+	im, err := h.d.Service.UploadImage(context.Background(), store.Image{Name: fmt.Sprintf("ubuntu-%x", sum[:4]), Version: "24.04",
 		SHA256: hex.EncodeToString(sum[:]), Format: "raw"}, bytes.NewReader(data), store.W{})
 	if err != nil {
 		h.t.Fatal(err)
@@ -179,7 +267,7 @@ func TestRoles(t *testing.T) {
 	h := newHarness(t)
 	m := h.machine("n1", "52:54:00:00:00:01", store.StateAvailable, nil)
 	im := h.image([]byte("disk"))
-	prov := ProvisionRequest{Claim: store.Claim{Image: im.ID}}
+	prov := ProvisionRequest{Claim: Claim{Image: im.ID}}
 	patch := map[string]any{"resource_version": m.ResourceVersion, "name": "renamed"}
 
 	// No token / unknown token: 401.
@@ -200,7 +288,7 @@ func TestRoles(t *testing.T) {
 		{"POST", "/v1/machines/" + m.ID + "/inspect", nil},
 		{"POST", "/v1/machines/" + m.ID + "/release", nil},
 		{"PATCH", "/v1/machines/" + m.ID, patch},
-		{"POST", "/v1/machines/claim", ClaimRequest{Role: "worker", Count: 1, Claim: store.Claim{Image: im.ID}}},
+		{"POST", "/v1/machines/claim", ClaimRequest{Role: "worker", Count: 1, Claim: Claim{Image: im.ID}}},
 		{"POST", "/v1/sites", SiteSpec{Name: "x"}},
 		{"DELETE", "/v1/images/" + im.ID, nil},
 		{"POST", "/v1/machines/import?format=csv", "name,serial,mac,rack\n"},
@@ -208,10 +296,10 @@ func TestRoles(t *testing.T) {
 		r := h.do(w.method, w.path, viewerTok, w.body)
 		h.want(r, 403, CodeForbidden)
 	}
-	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable || got.Name != "n1" {
+	if got, _ := h.st.GetMachine(m.ID); got.State != store.StateAvailable || got.Name != "n1" {
 		t.Fatalf("viewer changed the machine: %+v", got)
 	}
-	if _, err := h.f.GetImage(im.ID); err != nil {
+	if _, err := h.st.GetImage(im.ID); err != nil {
 		t.Fatal("viewer deleted the image")
 	}
 
@@ -221,12 +309,13 @@ func TestRoles(t *testing.T) {
 	h.want(r, 202, "")
 	var got store.Machine
 	r.into(t, &got)
-	if got.State != store.StateProvisioning || got.Claim == nil || got.Claim.Image != im.ID {
+	// The claim waits on the available machine for its agent (the build starts at its next task poll).
+	if got.State != store.StateAvailable || got.Claim == nil || got.Claim.Image != im.ID {
 		t.Fatalf("provision: %+v", got)
 	}
 	// The actor of the write is the token's name.
-	evs, _ := h.f.Events(0, 0)
-	if last := evs[len(evs)-1]; last.Actor != "token:ops" || last.To != string(store.StateProvisioning) {
+	evs := h.events("machine/" + m.ID)
+	if last := evs[len(evs)-1]; last.Actor != "token:ops" || last.Kind != "updated" {
 		t.Fatalf("last event %+v", last)
 	}
 	// Admin: everything.
@@ -237,63 +326,70 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 	h := newHarness(t)
 	a := h.machine("a", "52:54:00:00:00:0a", store.StateInspecting, nil)
 	b := h.machine("b", "52:54:00:00:00:0b", store.StateInspecting, nil)
-	h.f.SetAgentToken(a.ID, "tok-a")
-	h.f.SetAgentToken(b.ID, "tok-b")
+	tokA := h.agentToken(a)
+	h.agentToken(b)
+	stepEvents := func(id string) (n int) {
+		for _, ev := range h.events("machine/" + id) {
+			if ev.Kind == "step" {
+				n++
+			}
+		}
+		return n
+	}
 	rep := func(id string) agentapi.Report {
 		return agentapi.Report{MachineID: id, Step: agentapi.StepInspect, State: agentapi.StateSucceeded}
 	}
 
 	// No X-Kiln-Machine header: refused before the body is read (the token
 	// is checked against the header's machine), whatever the body names.
-	r := h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID))
+	r := h.do("POST", "/v1/agent/report", tokA, rep(b.ID))
 	h.want(r, 400, CodeInvalid)
 	if r.err().Field != HeaderMachine {
 		t.Fatalf("no header: %s", r.body)
 	}
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID)), 400, CodeInvalid)
+	h.want(h.do("POST", "/v1/agent/report", tokA, rep(a.ID)), 400, CodeInvalid)
 	// A's token, header A, body B: refused.
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID), HeaderMachine, a.ID), 403, CodeForbidden)
-	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}, HeaderMachine, a.ID), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/report", tokA, rep(b.ID), HeaderMachine, a.ID), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/register", tokA, agentapi.Registration{MachineID: b.ID}, HeaderMachine, a.ID), 403, CodeForbidden)
 	// A's token, header B: refused before the body is read.
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(b.ID), HeaderMachine, b.ID), 403, CodeForbidden)
-	h.want(h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, b.ID), 403, CodeForbidden)
-	h.want(h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: b.ID}, HeaderMachine, b.ID), 403, CodeForbidden)
-	if n := len(h.f.Reports(b.ID)); n != 0 {
-		t.Fatalf("B got %d reports from A's token", n)
+	h.want(h.do("POST", "/v1/agent/report", tokA, rep(b.ID), HeaderMachine, b.ID), 403, CodeForbidden)
+	h.want(h.do("GET", "/v1/agent/task", tokA, nil, HeaderMachine, b.ID), 403, CodeForbidden)
+	h.want(h.do("POST", "/v1/agent/register", tokA, agentapi.Registration{MachineID: b.ID}, HeaderMachine, b.ID), 403, CodeForbidden)
+	if n := stepEvents(b.ID); n != 0 || h.get(b.ID).Step != nil {
+		t.Fatalf("B got %d reports from A's token (step %+v)", n, h.get(b.ID).Step)
 	}
 	// An admin token is not an agent token.
 	h.want(h.do("POST", "/v1/agent/report", adminTok, rep(a.ID), HeaderMachine, a.ID), 403, CodeForbidden)
 	// No token: 401.
 	h.want(h.do("POST", "/v1/agent/report", "", rep(a.ID), HeaderMachine, a.ID), 401, CodeUnauthorized)
 	// An agent token is not an API token.
-	h.want(h.do("GET", "/v1/machines", "tok-a", nil), 401, CodeUnauthorized)
+	h.want(h.do("GET", "/v1/machines", tokA, nil), 401, CodeUnauthorized)
 
 	// A for A: accepted, with and without the body's machine_id.
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(a.ID), HeaderMachine, a.ID), 204, "")
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", rep(""), HeaderMachine, a.ID), 204, "")
-	if got := h.f.Reports(a.ID); len(got) != 2 || got[1].MachineID != a.ID {
-		t.Fatalf("A reports %+v", got)
+	h.want(h.do("POST", "/v1/agent/report", tokA, rep(a.ID), HeaderMachine, a.ID), 204, "")
+	h.want(h.do("POST", "/v1/agent/report", tokA, rep(""), HeaderMachine, a.ID), 204, "")
+	if n := stepEvents(a.ID); n != 2 || h.get(a.ID).Step == nil || h.get(a.ID).Step.Step != agentapi.StepInspect {
+		t.Fatalf("A: %d step reports recorded, step %+v", n, h.get(a.ID).Step)
 	}
-	r = h.do("GET", "/v1/agent/task", "tok-a", nil, HeaderMachine, a.ID)
+	r = h.do("GET", "/v1/agent/task", tokA, nil, HeaderMachine, a.ID)
 	h.want(r, 200, "")
 	var task agentapi.Task
 	r.into(t, &task)
 	if task.Action != agentapi.ActionWait {
 		t.Fatalf("task %+v", task)
 	}
-	h.want(h.do("GET", "/v1/agent/task", "tok-a", nil), 400, CodeInvalid)
-	r = h.do("POST", "/v1/agent/register", "tok-a", agentapi.Registration{MachineID: a.ID, AgentVersion: "1"}, HeaderMachine, a.ID)
+	h.want(h.do("GET", "/v1/agent/task", tokA, nil), 400, CodeInvalid)
+	r = h.do("POST", "/v1/agent/register", tokA, agentapi.Registration{MachineID: a.ID, AgentVersion: "1"}, HeaderMachine, a.ID)
 	h.want(r, 200, "")
 	r.into(t, &task)
-	if task.Action != agentapi.ActionInspect {
-		t.Fatalf("register task %+v", task)
+	if task.Action == "" || h.get(a.ID).Discovered == nil || h.get(b.ID).Discovered != nil {
+		t.Fatalf("register: task %+v; the registration must be recorded for A only", task)
 	}
 	// Messages are sanitised and truncated.
 	long := agentapi.Report{MachineID: a.ID, Step: agentapi.StepWrite, State: agentapi.StateFailed,
 		Reason: agentapi.ReasonWriteFailed, Message: "bad\x1b[31m\n" + strings.Repeat("é", 600)}
-	h.want(h.do("POST", "/v1/agent/report", "tok-a", long, HeaderMachine, a.ID), 204, "")
-	got := h.f.Reports(a.ID)
-	msg := got[len(got)-1].Message
+	h.want(h.do("POST", "/v1/agent/report", tokA, long, HeaderMachine, a.ID), 204, "")
+	msg := h.get(a.ID).Step.Message
 	if len(msg) > agentapi.MaxMessageLen || strings.ContainsAny(msg, "\x1b\n") || !strings.HasPrefix(msg, "bad ") {
 		t.Fatalf("message not sanitised: %q (%d bytes)", msg[:20], len(msg))
 	}
@@ -302,7 +398,8 @@ func TestAgentTokenBoundToMachine(t *testing.T) {
 func TestValidationNamesField(t *testing.T) {
 	h := newHarness(t)
 	m := h.machine("n1", "52:54:00:00:00:01", store.StateAvailable, nil)
-	h.f.SetAgentToken(m.ID, "tok")
+	tok := h.agentToken(m)
+	m = h.get(m.ID)
 	cases := []struct {
 		name, method, path, token string
 		body                      any
@@ -332,9 +429,9 @@ func TestValidationNamesField(t *testing.T) {
 		{"image gzip size", "POST", "/v1/images?name=a&version=1&format=gzip&sha256=" + strings.Repeat("a", 64), adminTok, "data", "size", CodeInvalid},
 		{"image size", "POST", "/v1/images?name=a&version=1&size=-1&sha256=" + strings.Repeat("a", 64), adminTok, "data", "size", CodeInvalid},
 		{"import format", "POST", "/v1/machines/import?format=xlsx", adminTok, "x", "format", CodeInvalid},
-		{"report progress", "POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"write","state":"running","progress":2}`, "progress", CodeInvalid},
-		{"report reason", "POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"write","state":"failed"}`, "reason", CodeInvalid},
-		{"report step", "POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"dance","state":"started"}`, "step", CodeInvalid},
+		{"report progress", "POST", "/v1/agent/report", tok, `{"machine_id":"` + m.ID + `","step":"write","state":"running","progress":2}`, "progress", CodeInvalid},
+		{"report reason", "POST", "/v1/agent/report", tok, `{"machine_id":"` + m.ID + `","step":"write","state":"failed"}`, "reason", CodeInvalid},
+		{"report step", "POST", "/v1/agent/report", tok, `{"machine_id":"` + m.ID + `","step":"dance","state":"started"}`, "step", CodeInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -350,13 +447,14 @@ func TestValidationNamesField(t *testing.T) {
 func TestUnknownFieldsRejected(t *testing.T) {
 	h := newHarness(t)
 	m := h.machine("n1", "52:54:00:00:00:01", store.StateAvailable, nil)
-	h.f.SetAgentToken(m.ID, "tok")
+	tok := h.agentToken(m)
+	m = h.get(m.ID)
 	for _, tc := range []struct{ method, path, token, body, field string }{
 		{"PATCH", "/v1/machines/" + m.ID, adminTok, fmt.Sprintf(`{"resource_version":%d,"state":"provisioned"}`, m.ResourceVersion), "state"},
 		{"PATCH", "/v1/machines/" + m.ID, adminTok, fmt.Sprintf(`{"resource_version":%d,"intended":{"colour":"red"}}`, m.ResourceVersion), "colour"},
 		{"POST", "/v1/sites", adminTok, `{"name":"s","owner":"me"}`, "owner"},
 		{"POST", "/v1/machines/" + m.ID + "/erase", operatorTok, `{"force":true}`, "force"},
-		{"POST", "/v1/agent/report", "tok", `{"machine_id":"` + m.ID + `","step":"write","state":"running","extra":1}`, "extra"},
+		{"POST", "/v1/agent/report", tok, `{"machine_id":"` + m.ID + `","step":"write","state":"running","extra":1}`, "extra"},
 	} {
 		r := h.do(tc.method, tc.path, tc.token, tc.body, HeaderMachine, m.ID)
 		h.want(r, 400, CodeUnknownField)
@@ -364,7 +462,7 @@ func TestUnknownFieldsRejected(t *testing.T) {
 			t.Fatalf("%s %s: field %q, want %q", tc.method, tc.path, r.err().Field, tc.field)
 		}
 	}
-	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable {
+	if got, _ := h.st.GetMachine(m.ID); got.State != store.StateAvailable {
 		t.Fatalf("state changed through PATCH: %s", got.State)
 	}
 	// Malformed JSON.
@@ -372,7 +470,7 @@ func TestUnknownFieldsRejected(t *testing.T) {
 	h.want(h.do("POST", "/v1/sites", adminTok, ``), 400, CodeBadJSON)
 	// Anything after the one JSON value is refused, naming the problem and
 	// creating nothing (issue 20: `{"name":"a"} xyz` was accepted).
-	before, _ := h.f.ListSites()
+	before, _ := h.st.ListSites()
 	for _, body := range []string{`{"name":"a"} xyz`, `{"name":"a"}{"name":"b"}`, `{"name":"a"}}`, `{"name":"a"}` + "\n\x00", `{"name":"a"} "s"`} {
 		r := h.do("POST", "/v1/sites", adminTok, body)
 		h.want(r, 400, CodeTrailingData)
@@ -380,7 +478,7 @@ func TestUnknownFieldsRejected(t *testing.T) {
 			t.Fatalf("%q: message %q", body, r.err().Message)
 		}
 	}
-	if after, _ := h.f.ListSites(); len(after) != len(before) {
+	if after, _ := h.st.ListSites(); len(after) != len(before) {
 		t.Fatalf("a body with trailing data created a site: %d → %d", len(before), len(after))
 	}
 	// Trailing whitespace is no data (RFC 8259 section 2).
@@ -405,7 +503,7 @@ func TestStaleResourceVersionConflicts(t *testing.T) {
 	// The old version again: 409.
 	r = h.do("PATCH", "/v1/machines/"+m.ID, adminTok, map[string]any{"resource_version": m.ResourceVersion, "name": "late"})
 	h.want(r, 409, CodeConflict)
-	if cur, _ := h.f.GetMachine(m.ID); cur.Name != "n1-renamed" {
+	if cur, _ := h.st.GetMachine(m.ID); cur.Name != "n1-renamed" {
 		t.Fatalf("stale write applied: %s", cur.Name)
 	}
 	// CAS enforced by the backend too (sites): stale version → 409.
@@ -421,20 +519,39 @@ func TestStaleResourceVersionConflicts(t *testing.T) {
 	h.want(h.do("PATCH", "/v1/machines/nope", adminTok, `{"resource_version":1}`), 404, CodeNotFound)
 }
 
-func TestIllegalTransitionNamesStates(t *testing.T) {
-	h := newHarness(t)
+// TestWrongStateNamesStates: an action the machine's state does not allow
+// is 409 wrong_state naming the state (the lifecycle's rule), and an
+// illegal transition a backend reports is 409 illegal_transition with both
+// states.
+func TestWrongStateNamesStates(t *testing.T) {
+	h := newHarness(t, func(b Backend) Backend { return illegal{b} })
 	m := h.machine("n1", "52:54:00:00:00:01", store.StateRegistered, nil)
 	im := h.image([]byte("x"))
-	r := h.do("POST", "/v1/machines/"+m.ID+"/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID}})
+	r := h.do("POST", "/v1/machines/"+m.ID+"/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: im.ID}})
+	h.want(r, 409, "wrong_state")
+	if d := r.err(); !strings.Contains(d.Message, "state is registered, want available") {
+		t.Fatalf("detail %+v", d)
+	}
+	if got := h.get(m.ID); got.Claim != nil || got.State != store.StateRegistered {
+		t.Fatalf("machine changed: %+v", got)
+	}
+	r = h.do("POST", "/v1/machines/"+m.ID+"/erase", operatorTok, nil)
 	h.want(r, 409, CodeIllegalTransition)
-	if d := r.err(); d.From != "registered" || d.To != "provisioning" || !strings.Contains(d.Message, "registered") {
+	if d := r.err(); d.From != "registered" || d.To != "erasing" || !strings.Contains(d.Message, "registered") {
 		t.Fatalf("detail %+v", d)
 	}
 }
 
+// illegal reports every erase as an illegal transition from registered.
+type illegal struct{ Backend }
+
+func (illegal) Erase(context.Context, string, store.W) (store.Machine, error) {
+	return store.Machine{}, fmt.Errorf("erase: %w", &store.IllegalTransitionError{From: store.StateRegistered, To: store.StateErasing})
+}
+
 func TestEventsLongPoll(t *testing.T) {
 	h := newHarness(t)
-	cursor := h.f.AddEvent(store.Event{Subject: "machine/x", Kind: "created"})
+	cursor := h.addEvent(store.Event{Subject: "machine/x", Kind: "created"})
 
 	// Without wait: returns at once, cursor unchanged.
 	r := h.do("GET", fmt.Sprintf("/v1/events?after=%d", cursor), viewerTok, nil)
@@ -461,7 +578,7 @@ func TestEventsLongPoll(t *testing.T) {
 		t.Fatalf("long-poll returned before any event: %s", res.r.body)
 	case <-time.After(300 * time.Millisecond):
 	}
-	idx := h.f.AddEvent(store.Event{Subject: "machine/x", Kind: "transition", From: "a", To: "b"})
+	idx := h.addEvent(store.Event{Subject: "machine/x", Kind: "transition", From: "a", To: "b"})
 	select {
 	case res := <-done:
 		h.want(res.r, 200, "")
@@ -494,7 +611,7 @@ func TestEventsLongPoll(t *testing.T) {
 	}
 	// limit pages through.
 	for i := 0; i < 5; i++ {
-		h.f.AddEvent(store.Event{Subject: "machine/y", Kind: "step"})
+		h.addEvent(store.Event{Subject: "machine/y", Kind: "step"})
 	}
 	r = h.do("GET", fmt.Sprintf("/v1/events?after=%d&limit=2", idx), viewerTok, nil)
 	r.into(t, &el)
@@ -573,15 +690,15 @@ func TestMachinesPaginationAndFilters(t *testing.T) {
 
 func TestImportAndClaim(t *testing.T) {
 	h := newHarness(t)
-	r := h.do("POST", "/v1/machines/import?format=csv", adminTok, "name,serial,mac,rack\nn1,S1,52:54:00:00:00:01,r1\nn2,S2,bogus,r1\n")
+	r := h.do("POST", "/v1/machines/import?format=csv", adminTok, "name,serial,macs,rack\nn1,S1,52:54:00:00:00:01,r1\nn2,S2,bogus,r1\n")
 	h.want(r, 400, CodeImportRejected)
-	if d := r.err(); len(d.Rows) != 1 || d.Rows[0].Line != 3 || d.Field != "mac" {
+	if d := r.err(); len(d.Rows) != 1 || d.Rows[0].Line != 3 || d.Field != "macs" {
 		t.Fatalf("rows %+v", d)
 	}
-	if n, _ := h.f.CountByState(); n[store.StateRegistered] != 0 {
+	if n, _ := h.st.CountByState(); n[store.StateRegistered] != 0 {
 		t.Fatal("a bad file imported something")
 	}
-	r = h.do("POST", "/v1/machines/import", adminTok, "name,serial,mac,rack\nn1,S1,52:54:00:00:00:01,r1\n", "Content-Type", "text/csv")
+	r = h.do("POST", "/v1/machines/import", adminTok, "name,serial,macs,rack\nn1,S1,52:54:00:00:00:01,r1\n", "Content-Type", "text/csv")
 	h.want(r, 201, "")
 	var ir ImportResult
 	r.into(t, &ir)
@@ -594,15 +711,15 @@ func TestImportAndClaim(t *testing.T) {
 		h.machine(fmt.Sprintf("w%d", i), fmt.Sprintf("52:54:00:00:02:%02x", i), store.StateAvailable, map[string]string{"pool": "gpu"})
 	}
 	r = h.do("POST", "/v1/machines/claim", operatorTok, ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 2,
-		Claim: store.Claim{Image: im.ID}})
+		Claim: Claim{Image: im.ID}})
 	h.want(r, 202, "")
 	var cr ClaimResponse
 	r.into(t, &cr)
-	if len(cr.Items) != 2 || cr.Items[0].Claim.Role != "worker" || cr.Items[0].State != store.StateProvisioning {
+	if len(cr.Items) != 2 || cr.Items[0].Claim.Role != "worker" || cr.Items[0].State != store.StateAvailable {
 		t.Fatalf("claim %+v", cr)
 	}
 	h.want(h.do("POST", "/v1/machines/claim", operatorTok, ClaimRequest{Role: "worker", Labels: map[string]string{"pool": "gpu"}, Count: 2,
-		Claim: store.Claim{Image: im.ID}}), 409, CodeConflict)
+		Claim: Claim{Image: im.ID}}), 409, "not_enough_machines")
 }
 
 func TestImagesUploadAndBMC(t *testing.T) {
@@ -614,11 +731,17 @@ func TestImagesUploadAndBMC(t *testing.T) {
 	h.want(r, 201, "")
 	var im store.Image
 	r.into(t, &im)
-	if !bytes.Equal(h.f.ImageData(im.ID), data) || im.Format != "raw" || im.SHA256 != hex.EncodeToString(sum[:]) {
-		t.Fatalf("image %+v", im)
+	f, _, err := h.d.Catalog.Open(im.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, _ := io.ReadAll(f)
+	f.Close()
+	if !bytes.Equal(stored, data) || im.Format != "raw" || im.SHA256 != hex.EncodeToString(sum[:]) {
+		t.Fatalf("image %+v (%d bytes stored)", im, len(stored))
 	}
 	// A body that does not match its declared digest is refused.
-	h.want(h.do("PUT", "/v1/images/bad1?"+q, adminTok, []byte("other bytes")), 400, CodeInvalid)
+	h.want(h.do("PUT", "/v1/images/bad1?"+strings.Replace(q, "ubuntu", "ubuntu2", 1), adminTok, []byte("other bytes")), 400, "digest_mismatch")
 	h.want(h.do("GET", "/v1/images/bad1", viewerTok, nil), 404, CodeNotFound)
 	var il ImageList
 	h.do("GET", "/v1/images", viewerTok, nil).into(t, &il)
@@ -636,10 +759,14 @@ func TestImagesUploadAndBMC(t *testing.T) {
 	const pw = "hunter2-very-secret"
 	r = h.do("POST", "/v1/machines/"+m.ID+"/bmc", adminTok, BMCEnrollRequest{Address: "10.99.1.10:623", Driver: "ipmi", Username: "admin", Password: pw})
 	h.want(r, 201, "")
-	var b store.BMC
+	var b BMC
 	r.into(t, &b)
-	if bytes.Contains(r.body, []byte(pw)) || b.CredentialRef == "" || h.f.Password(b.CredentialRef) != pw {
-		t.Fatalf("bmc %s", r.body)
+	sealed, err := h.st.Secret(b.CredentialRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain, err := h.d.Sealer.Open(sealed); bytes.Contains(r.body, []byte(pw)) || err != nil || string(plain) != pw {
+		t.Fatalf("bmc %s: stored credential %q %v", r.body, plain, err)
 	}
 	r = h.do("GET", "/v1/machines/"+m.ID, viewerTok, nil)
 	if bytes.Contains(r.body, []byte(pw)) {
@@ -649,15 +776,15 @@ func TestImagesUploadAndBMC(t *testing.T) {
 
 // notLeader answers every write with store.ErrNotLeader, like a follower
 // that cannot forward.
-type notLeader struct{ *apitest.Fake }
+type notLeader struct{ Backend }
 
 func (n notLeader) PutSite(context.Context, store.Site, store.W) (store.Site, error) {
 	return store.Site{}, fmt.Errorf("put site: %w", &store.NotLeaderError{LeaderID: "kiln-2"})
 }
 
 func TestNotLeaderAndReadiness(t *testing.T) {
-	h := newHarness(t, func(f *apitest.Fake) Backend { return notLeader{f} })
-	h.f.SetHealth(Health{Leader: "10.0.0.2:7480", Ready: false, Version: "test"})
+	h := newHarness(t, func(b Backend) Backend { return notLeader{b} })
+	h.health.set(Health{Leader: "10.0.0.2:7480", Ready: false, Version: "test"})
 	r := h.do("POST", "/v1/sites", adminTok, SiteSpec{Name: "x"})
 	h.want(r, 503, CodeNotLeader)
 	if r.err().Leader != "10.0.0.2:7480" {
@@ -665,7 +792,7 @@ func TestNotLeaderAndReadiness(t *testing.T) {
 	}
 	h.want(h.do("GET", "/readyz", "", nil), 503, "")
 	h.want(h.do("GET", "/healthz", "", nil), 200, "")
-	h.f.SetHealth(Health{Leader: "10.0.0.2:7480", Ready: true})
+	h.health.set(Health{Leader: "10.0.0.2:7480", Ready: true})
 	h.want(h.do("GET", "/readyz", "", nil), 200, "")
 	h.want(h.do("DELETE", "/v1/machines", adminTok, nil), 405, CodeMethodNotAllowed)
 	h.want(h.do("GET", "/v1/nothing/here", adminTok, nil), 404, CodeNotFound)
@@ -781,8 +908,7 @@ func TestLoadOrCreateAdminToken(t *testing.T) {
 		t.Fatal("world-readable token accepted")
 	}
 	// The loaded token works against a server holding only its hash.
-	f := apitest.New()
-	s, err := New(Config{Tokens: []TokenSpec{{Name: "admin", Role: RoleAdmin, SHA256: HashToken(tok)}}}, f,
+	s, err := New(Config{Tokens: []TokenSpec{{Name: "admin", Role: RoleAdmin, SHA256: HashToken(tok)}}}, realBackend(t),
 		prometheus.NewRegistry(), testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -814,7 +940,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := New(testConfig(), apitest.New(), prometheus.NewRegistry(), nil); err == nil {
+	if _, err := New(testConfig(), realBackend(t), prometheus.NewRegistry(), nil); err == nil {
 		t.Fatal("nil logger accepted")
 	}
 }
@@ -822,7 +948,7 @@ func TestConfigValidate(t *testing.T) {
 var errWrongState = errors.New("lifecycle: machine is in the wrong state for this operation")
 
 // otherErrs returns sentinels of packages the api does not import.
-type otherErrs struct{ *apitest.Fake }
+type otherErrs struct{ Backend }
 
 func (o otherErrs) Erase(context.Context, string, store.W) (store.Machine, error) {
 	return store.Machine{}, fmt.Errorf("erase m-1: %w", errWrongState)
@@ -833,20 +959,14 @@ func (o otherErrs) Import(context.Context, io.Reader, string, store.W) (intake.R
 }
 
 func TestErrorClasses(t *testing.T) {
-	f := apitest.New()
 	cfg := testConfig()
 	cfg.ErrorClasses = []ErrorClass{{Err: errWrongState, Status: 409, Code: "wrong_state"}}
-	s, err := New(cfg, otherErrs{f}, prometheus.NewRegistry(), testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
-	h := &harness{t: t, f: f, s: s, srv: srv}
+	h := newHarnessConfig(t, cfg, func(b Backend) Backend { return otherErrs{b} })
 	h.want(h.do("POST", "/v1/machines/m-1/erase", adminTok, nil), 409, "wrong_state")
 	h.want(h.do("POST", "/v1/machines/import?format=csv", adminTok, "x"), 400, CodeInvalid)
 	// Without the class the same error is an honest 500, not a guess.
-	h2 := newHarness(t, func(f *apitest.Fake) Backend { return otherErrs{f} })
+	cfg.ErrorClasses = nil
+	h2 := newHarnessConfig(t, cfg, func(b Backend) Backend { return otherErrs{b} })
 	h2.want(h2.do("POST", "/v1/machines/m-1/erase", adminTok, nil), 500, CodeInternal)
 	bad := testConfig()
 	bad.ErrorClasses = []ErrorClass{{Err: errWrongState, Status: 200, Code: "x"}}
@@ -873,21 +993,24 @@ func FuzzHandlers(f *testing.F) {
 	f.Add(uint8(5), []byte(`{"machine_id":"m-00001","inventory":{"cpus":4}}`))
 	f.Add(uint8(6), []byte(`{"name":"s"}`))
 	f.Add(uint8(7), []byte("name,serial,mac,rack\nn,S,52:54:00:00:00:01,r\n"))
-	fk := apitest.New()
-	m, _ := fk.PutMachine(context.Background(), store.Machine{State: store.StateRegistered,
-		Intended: store.Hardware{NICs: []store.NIC{{MAC: "52:54:00:00:00:01"}}}}, store.W{})
-	fk.SetAgentToken(m.ID, "tok")
-	s, err := New(testConfig(), fk, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d := lifecycletest.New(f)
+	m := fixtureMachine(f, d.Store, "", "52:54:00:00:00:01", store.StateRegistered, nil)
+	boot, err := d.Controller.BootFor(context.Background(), "52:54:00:00:00:01")
+	if err != nil {
+		f.Fatal(err)
+	}
+	tok := boot.Token
+	s, err := New(testConfig(), d.Backend(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		f.Fatal(err)
 	}
 	routes := []struct{ method, path, tok string }{
 		{"PATCH", "/v1/machines/" + m.ID, adminTok},
-		{"POST", "/v1/agent/report", "tok"},
+		{"POST", "/v1/agent/report", tok},
 		{"POST", "/v1/machines/" + m.ID + "/provision", adminTok},
 		{"POST", "/v1/machines/claim", adminTok},
 		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok},
-		{"POST", "/v1/agent/register", "tok"},
+		{"POST", "/v1/agent/register", tok},
 		{"POST", "/v1/sites", adminTok},
 		{"POST", "/v1/machines/import?format=csv", adminTok},
 	}
@@ -935,7 +1058,7 @@ func TestFreeTextRefused(t *testing.T) {
 			t.Fatalf("%s: the error echoes the raw character: %q", what, r.body)
 		}
 	}
-	if ms, _, _ := h.f.ListMachines(store.ListOptions{}); len(ms) != 1 {
+	if ms, _, _ := h.st.ListMachines(store.ListOptions{}); len(ms) != 1 {
 		t.Fatalf("%d machines, want only the harness's one", len(ms))
 	}
 	esc := "x\x1by"
@@ -953,8 +1076,8 @@ func TestFreeTextRefused(t *testing.T) {
 		{"POST", "/v1/sites", adminTok, SiteSpec{Name: esc}, "name"},
 		{"POST", "/v1/sites", adminTok, SiteSpec{Name: "s", Description: "\u2066"}, "description"},
 		{"POST", "/v1/racks", adminTok, RackSpec{Site: "s", Name: "r", Row: esc}, "row"},
-		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Hostname: "a\x1b"}}, "claim.hostname"},
-		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: store.Claim{Image: im.ID, Role: esc}}, "claim.role"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: im.ID, Hostname: "a\x1b"}}, "claim.hostname"},
+		{"POST", "/v1/machines/" + m.ID + "/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: im.ID, Role: esc}}, "claim.role"},
 		{"POST", "/v1/machines/" + m.ID + "/erase", operatorTok, ActionRequest{Message: esc}, "message"},
 		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1\x1b", Username: "u", Password: "p"}, "address"},
 		{"POST", "/v1/machines/" + m.ID + "/bmc", adminTok, BMCEnrollRequest{Address: "10.0.0.1", Username: esc, Password: "p"}, "username"},
@@ -970,7 +1093,7 @@ func TestFreeTextRefused(t *testing.T) {
 	if r.err().Field != "version" {
 		t.Fatalf("image version: %s", r.body)
 	}
-	if got, _ := h.f.GetMachine(m.ID); got.State != store.StateAvailable || got.Name != "n1" {
+	if got, _ := h.st.GetMachine(m.ID); got.State != store.StateAvailable || got.Name != "n1" {
 		t.Fatalf("machine changed: %+v", got)
 	}
 }
@@ -983,4 +1106,11 @@ func TestTrailingDataRefused(t *testing.T) {
 		h.want(h.do("POST", "/v1/sites", adminTok, body), 400, CodeTrailingData)
 	}
 	h.want(h.do("POST", "/v1/sites", adminTok, "{\"name\":\"ok-site\"} \r\n\t"), 201, "")
+}
+
+// realBackend is the real domain's backend, for tests that need a server
+// but not the harness.
+func realBackend(t *testing.T) Backend {
+	t.Helper()
+	return lifecycletest.New(t).Backend()
 }

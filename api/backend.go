@@ -5,25 +5,34 @@ import (
 	"io"
 
 	"kiln/api/agentapi"
+	"kiln/appliance/lifecycle"
 	"kiln/appliance/lifecycle/intake"
 	"kiln/store"
 )
 
 // Backend is everything the REST API needs from the rest of the appliance:
-// the store's reads and intended-field writes, plus the lifecycle
-// controller's operations. The appliance implements it with an adapter that
-// forwards to *store.Store and lifecycle.Controller (appliance/adapters.go).
+// the domain's reads and writes (lifecycle.Service implements all but
+// Health; the appliance adds Health, appliance/adapters.go). The API
+// writes machine records only through the domain: CreateMachine,
+// UpdateIntended and the lifecycle operations, which apply the field rules
+// (package rules) themselves.
+//
+// Backend methods return store records; handlers answer with view types
+// (view.go), so no record field reaches the wire unless a view names it.
 //
 // Errors: implementations return (possibly wrapped) store.ErrNotFound,
 // store.ErrConflict, store.ErrNotLeader, *store.IllegalTransitionError,
-// *intake.ErrRows or *ValidationError; the API maps each to one HTTP status
-// and stable code (see errors.go). Any other error is a 500 "internal".
+// *intake.ErrRows, *rules.FieldError or *ValidationError; the API maps each
+// to one HTTP status and stable code (see errors.go). Any other error is a
+// 500 "internal".
 type Backend interface {
 	ListMachines(opt store.ListOptions) ([]store.Machine, string, error)
 	GetMachine(id string) (store.Machine, error)
-	// PutMachine is used for intended-field updates with CAS: the machine
-	// carries the client's ResourceVersion.
-	PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)
+	// CreateMachine records one registered machine with intended fields in.
+	CreateMachine(ctx context.Context, in lifecycle.Intended, w store.W) (store.Machine, error)
+	// UpdateIntended changes intended fields with compare-and-set on
+	// p.ResourceVersion (store.ErrConflict when the machine changed).
+	UpdateIntended(ctx context.Context, id string, p lifecycle.IntendedPatch, w store.W) (store.Machine, error)
 	ListSites() ([]store.Site, error)
 	PutSite(ctx context.Context, s store.Site, w store.W) (store.Site, error)
 	ListRacks() ([]store.Rack, error)
@@ -38,9 +47,14 @@ type Backend interface {
 	// (then it returns ctx.Err()).
 	WaitEvents(ctx context.Context, after uint64) error
 	CountByState() (map[store.MachineState]int, error)
+	// Barrier returns once this node's replica has applied everything the
+	// leader had committed when it was called (forwarded to the leader):
+	// the reads after it are current (?consistent=true). store.ErrNotLeader
+	// when no leader is reachable.
+	Barrier(ctx context.Context) error
 	Health() Health
 
-	// Lifecycle operations (appliance/lifecycle.Controller).
+	// Lifecycle operations (lifecycle.Controller).
 
 	// Import parses r as format "csv", "json" or "netbox" and creates the
 	// machines as registered; a file with any bad row imports nothing

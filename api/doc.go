@@ -7,8 +7,10 @@
 // one error handler that maps errors to statuses and stable codes, request
 // metrics with bounded labels, /metrics, /healthz, /readyz and the OpenAPI
 // 3.0 document at /v1/openapi.json. Everything else goes through Backend,
-// which the appliance implements over the store and the lifecycle
-// controller; handlers validate, call Backend, and map errors.
+// which the domain implements (lifecycle.Service; the appliance adds
+// Health): handlers decode, call Backend, and answer with view types
+// (view.go); the domain applies the field rules of machine records and
+// claims (package rules) and its *rules.FieldError names the field.
 //
 // Routes (roles: viewer < operator < admin; agent is separate):
 //

@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"kiln/appliance/lifecycle/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -143,6 +144,7 @@ func (s *Server) customClass(err error) *ErrorClass {
 func (s *Server) classify(err error) (int, ErrorDetail) {
 	var (
 		ve   *ValidationError
+		fe   *rules.FieldError
 		ite  *store.IllegalTransitionError
 		rows *intake.ErrRows
 		he   *echo.HTTPError
@@ -176,6 +178,8 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 			code = CodeTrailingData
 		}
 		return http.StatusBadRequest, ErrorDetail{Code: code, Message: ve.Error(), Field: ve.Field}
+	case errors.As(err, &fe):
+		return http.StatusBadRequest, ErrorDetail{Code: CodeInvalid, Message: fe.Error(), Field: fe.Field}
 	case errors.Is(err, ErrInvalid), errors.Is(err, intake.ErrFormat), errors.Is(err, intake.ErrEmpty),
 		errors.Is(err, intake.ErrTooManyRows):
 		return http.StatusBadRequest, ErrorDetail{Code: CodeInvalid, Message: err.Error()}

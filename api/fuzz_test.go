@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"kiln/api/agentapi"
+	"kiln/appliance/lifecycle/rules"
 )
 
 // FuzzDecodeJSON feeds arbitrary request bodies (network bytes) through the
@@ -56,8 +57,15 @@ func FuzzDecodeJSON(f *testing.F) {
 			if !bytes.Equal(enc, enc2) {
 				t.Fatalf("round trip of %q changed it:\n%s\n%s", body, enc, enc2)
 			}
-			if err := validateMachineFields(0, nil, p.Intended, "", ""); err != nil && !errors.Is(err, ErrInvalid) {
-				t.Fatalf("validate: unclassified %v", err)
+			if p.Intended != nil {
+				var fe *rules.FieldError
+				if err := rules.CheckHardware("intended", p.Intended); err != nil && (!errors.As(err, &fe) || fe.Field == "") {
+					t.Fatalf("validate: unclassified %v", err)
+				} else if err != nil {
+					if code, d := s.classify(err); code != 400 || d.Field != fe.Field {
+						t.Fatalf("validate: %v answered %d %+v", err, code, d)
+					}
+				}
 			}
 			return
 		}

@@ -11,7 +11,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"kiln/api/agentapi"
-	"kiln/store"
 )
 
 // The OpenAPI 3.0 document is built from the table below, written by hand
@@ -60,38 +59,38 @@ var docOps = []docOp{
 	{Method: "GET", Path: "/v1/site/status", Summary: "Site status for central: counts by state, failures, versions, raft health", Role: RoleViewer, Status: 200, Resp: SiteStatus{}},
 
 	{Method: "GET", Path: "/v1/sites", Summary: "List sites", Role: RoleViewer, Status: 200, Resp: SiteList{}},
-	{Method: "POST", Path: "/v1/sites", Summary: "Create a site", Role: RoleAdmin, Body: SiteSpec{}, Status: 201, Resp: store.Site{}},
-	{Method: "GET", Path: "/v1/sites/{id}", Summary: "Get a site", Role: RoleViewer, Status: 200, Resp: store.Site{}},
-	{Method: "PUT", Path: "/v1/sites/{id}", Summary: "Update a site (resource_version required, 409 on conflict)", Role: RoleAdmin, Body: SiteSpec{}, Status: 200, Resp: store.Site{}},
+	{Method: "POST", Path: "/v1/sites", Summary: "Create a site", Role: RoleAdmin, Body: SiteSpec{}, Status: 201, Resp: Site{}},
+	{Method: "GET", Path: "/v1/sites/{id}", Summary: "Get a site", Role: RoleViewer, Status: 200, Resp: Site{}},
+	{Method: "PUT", Path: "/v1/sites/{id}", Summary: "Update a site (resource_version required, 409 on conflict)", Role: RoleAdmin, Body: SiteSpec{}, Status: 200, Resp: Site{}},
 
 	{Method: "GET", Path: "/v1/racks", Summary: "List racks", Role: RoleViewer, Query: []docParam{{Name: "site", Type: "string", Desc: "only racks of this site"}}, Status: 200, Resp: RackList{}},
-	{Method: "POST", Path: "/v1/racks", Summary: "Create a rack", Role: RoleAdmin, Body: RackSpec{}, Status: 201, Resp: store.Rack{}},
-	{Method: "GET", Path: "/v1/racks/{id}", Summary: "Get a rack", Role: RoleViewer, Status: 200, Resp: store.Rack{}},
-	{Method: "PUT", Path: "/v1/racks/{id}", Summary: "Update a rack (resource_version required, 409 on conflict)", Role: RoleAdmin, Body: RackSpec{}, Status: 200, Resp: store.Rack{}},
+	{Method: "POST", Path: "/v1/racks", Summary: "Create a rack", Role: RoleAdmin, Body: RackSpec{}, Status: 201, Resp: Rack{}},
+	{Method: "GET", Path: "/v1/racks/{id}", Summary: "Get a rack", Role: RoleViewer, Status: 200, Resp: Rack{}},
+	{Method: "PUT", Path: "/v1/racks/{id}", Summary: "Update a rack (resource_version required, 409 on conflict)", Role: RoleAdmin, Body: RackSpec{}, Status: 200, Resp: Rack{}},
 
 	{Method: "GET", Path: "/v1/machines", Summary: "List machines, filtered and paginated", Role: RoleViewer, Query: []docParam{
 		{Name: "state", Type: "string", Desc: "lifecycle state"}, {Name: "rack", Type: "string", Desc: "rack ID"},
 		{Name: "label", Type: "string", Desc: "key=value; repeat for AND", Repeat: true}, pLimit, pAfterS}, Status: 200, Resp: MachineList{}},
-	{Method: "POST", Path: "/v1/machines", Summary: "Create one registered machine", Role: RoleAdmin, Body: MachineSpec{}, Status: 201, Resp: store.Machine{}},
+	{Method: "POST", Path: "/v1/machines", Summary: "Create one registered machine", Role: RoleAdmin, Body: MachineSpec{}, Status: 201, Resp: Machine{}},
 	{Method: "POST", Path: "/v1/machines/import", Summary: "Import a purchase record / rack plan (all or nothing)", Role: RoleAdmin,
 		Query: []docParam{{Name: "format", Type: "string", Desc: "csv | json | netbox"}}, RawBody: "text/csv", Status: 201, Resp: ImportResult{}},
 	{Method: "POST", Path: "/v1/machines/claim", Summary: "Claim N available machines by role and labels, and provision them", Role: RoleOperator, Body: ClaimRequest{}, Status: 202, Resp: ClaimResponse{}},
-	{Method: "GET", Path: "/v1/machines/{id}", Summary: "Get a machine", Role: RoleViewer, Query: []docParam{pConsistent}, Status: 200, Resp: store.Machine{}},
-	{Method: "PATCH", Path: "/v1/machines/{id}", Summary: "Update intended fields (resource_version required, 409 on conflict)", Role: RoleAdmin, Body: MachinePatch{}, Status: 200, Resp: store.Machine{}},
-	{Method: "POST", Path: "/v1/machines/{id}/provision", Summary: "Provision an available machine with a claim", Role: RoleOperator, Body: ProvisionRequest{}, Status: 202, Resp: store.Machine{}},
-	{Method: "POST", Path: "/v1/machines/{id}/release", Summary: "Release a machine (erase, then available)", Role: RoleOperator, Body: ActionRequest{}, Status: 202, Resp: store.Machine{}},
-	{Method: "POST", Path: "/v1/machines/{id}/erase", Summary: "Erase a machine's disks", Role: RoleOperator, Body: ActionRequest{}, Status: 202, Resp: store.Machine{}},
-	{Method: "POST", Path: "/v1/machines/{id}/inspect", Summary: "(Re)inspect a machine", Role: RoleOperator, Body: ActionRequest{}, Status: 202, Resp: store.Machine{}},
-	{Method: "POST", Path: "/v1/machines/{id}/bmc", Summary: "Enroll the machine's BMC (password write-only)", Role: RoleAdmin, Body: BMCEnrollRequest{}, Status: 201, Resp: store.BMC{}},
+	{Method: "GET", Path: "/v1/machines/{id}", Summary: "Get a machine", Role: RoleViewer, Query: []docParam{pConsistent}, Status: 200, Resp: Machine{}},
+	{Method: "PATCH", Path: "/v1/machines/{id}", Summary: "Update intended fields (resource_version required, 409 on conflict)", Role: RoleAdmin, Body: MachinePatch{}, Status: 200, Resp: Machine{}},
+	{Method: "POST", Path: "/v1/machines/{id}/provision", Summary: "Provision an available machine with a claim", Role: RoleOperator, Body: ProvisionRequest{}, Status: 202, Resp: Machine{}},
+	{Method: "POST", Path: "/v1/machines/{id}/release", Summary: "Release a machine (erase, then available)", Role: RoleOperator, Body: ActionRequest{}, Status: 202, Resp: Machine{}},
+	{Method: "POST", Path: "/v1/machines/{id}/erase", Summary: "Erase a machine's disks", Role: RoleOperator, Body: ActionRequest{}, Status: 202, Resp: Machine{}},
+	{Method: "POST", Path: "/v1/machines/{id}/inspect", Summary: "(Re)inspect a machine", Role: RoleOperator, Body: ActionRequest{}, Status: 202, Resp: Machine{}},
+	{Method: "POST", Path: "/v1/machines/{id}/bmc", Summary: "Enroll the machine's BMC (password write-only)", Role: RoleAdmin, Body: BMCEnrollRequest{}, Status: 201, Resp: BMC{}},
 
 	{Method: "GET", Path: "/v1/images", Summary: "List images", Role: RoleViewer, Status: 200, Resp: ImageList{}},
-	{Method: "POST", Path: "/v1/images", Summary: "Upload an image (streamed body, declared sha256)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, Resp: store.Image{}},
-	{Method: "GET", Path: "/v1/images/{id}", Summary: "Get an image", Role: RoleViewer, Status: 200, Resp: store.Image{}},
-	{Method: "PUT", Path: "/v1/images/{id}", Summary: "Upload an image under a chosen ID: 201 when new; 200 with the stored image, the body unread, when that ID already holds the same name, version, format and sha256 (idempotent); 409 when it holds other content (images are immutable)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, AlsoStatus: 200, Resp: store.Image{}},
+	{Method: "POST", Path: "/v1/images", Summary: "Upload an image (streamed body, declared sha256)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, Resp: Image{}},
+	{Method: "GET", Path: "/v1/images/{id}", Summary: "Get an image", Role: RoleViewer, Status: 200, Resp: Image{}},
+	{Method: "PUT", Path: "/v1/images/{id}", Summary: "Upload an image under a chosen ID: 201 when new; 200 with the stored image, the body unread, when that ID already holds the same name, version, format and sha256 (idempotent); 409 when it holds other content (images are immutable)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, AlsoStatus: 200, Resp: Image{}},
 	{Method: "DELETE", Path: "/v1/images/{id}", Summary: "Delete an image (409 image_in_use while a machine's claim names it; release the machine first)", Role: RoleAdmin, Status: 204},
 
 	{Method: "GET", Path: "/v1/jobs", Summary: "List jobs", Role: RoleViewer, Query: []docParam{{Name: "machine", Type: "string", Desc: "only jobs of this machine"}}, Status: 200, Resp: JobList{}},
-	{Method: "GET", Path: "/v1/jobs/{id}", Summary: "Get a job", Role: RoleViewer, Status: 200, Resp: store.Job{}},
+	{Method: "GET", Path: "/v1/jobs/{id}", Summary: "Get a job", Role: RoleViewer, Status: 200, Resp: Job{}},
 
 	{Method: "GET", Path: "/v1/events", Summary: "Event feed after a cursor; long-poll with wait", Role: RoleViewer, Query: []docParam{
 		{Name: "after", Type: "integer", Desc: "cursor: event index (exclusive)"}, pLimit,
@@ -200,7 +199,7 @@ func OpenAPI() map[string]any {
 	g := &schemaGen{defs: map[string]any{}}
 	errRef := g.schema(reflect.TypeOf(ErrorBody{}))
 	paths := map[string]any{}
-	for _, op := range docOps {
+	for _, op := range append(docOps, clusterDocOps()...) { // cluster.go
 		o := map[string]any{"summary": op.Summary,
 			"operationId": strings.ToLower(op.Method) + strings.NewReplacer("/", "_", "{", "", "}", "", ".", "_").Replace(op.Path)}
 		var params []any

@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	. "kiln/api"
-	"kiln/api/apitest"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key; returns their paths and a pool trusting it.
@@ -69,7 +68,7 @@ func TestRunTLSAndShutdown(t *testing.T) {
 	cfg := testConfig()
 	cfg.TLSCert, cfg.TLSKey = cp, kp
 	cfg.Addr = ln.Addr().String()
-	s, err := New(cfg, apitest.New(), prometheus.NewRegistry(), testLogger(t))
+	s, err := New(cfg, realBackend(t), prometheus.NewRegistry(), testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +130,7 @@ func TestRunListenError(t *testing.T) {
 	defer ln.Close()
 	cfg := testConfig()
 	cfg.Addr = ln.Addr().String() // taken
-	s, err := New(cfg, apitest.New(), prometheus.NewRegistry(), testLogger(t))
+	s, err := New(cfg, realBackend(t), prometheus.NewRegistry(), testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

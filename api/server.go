@@ -308,6 +308,8 @@ func (s *Server) routes() {
 	e.POST("/v1/agent/register", s.agentRegister)
 	e.GET("/v1/agent/task", s.agentTask)
 	e.POST("/v1/agent/report", s.agentReport)
+
+	s.clusterRoutes(admin, view) // cluster.go
 }
 
 // recoverPanics turns a handler panic into a 500 (logged, no stack to the client).

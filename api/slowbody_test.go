@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	. "kiln/api"
-	"kiln/api/apitest"
+	"kiln/appliance/lifecycle/lifecycletest"
 	"kiln/store"
 )
 
@@ -46,7 +46,7 @@ func (l *lockedBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l
 // serveReal runs the API with Serve on a real 127.0.0.1 listener (the
 // http.Server of production, not httptest's) and returns its address; the
 // server logs (text, level info) into log when it is not nil.
-func serveReal(t *testing.T, f *apitest.Fake, log *lockedBuf) string {
+func serveReal(t *testing.T, f Backend, log *lockedBuf) string {
 	t.Helper()
 	cfg := testConfig()
 	cfg.BodyIdleTimeout, cfg.JSONBodyTimeout = testBodyIdle, testJSONBody
@@ -174,13 +174,14 @@ func trickle(t *testing.T, addr, method, path, token string, hdr []string, decla
 // cut when it stalls for BodyIdleTimeout; an upload that keeps coming is
 // not cut by the JSON bound.
 func TestSlowBodiesAreBounded(t *testing.T) {
-	f := apitest.New()
-	m, err := f.PutMachine(context.Background(), store.Machine{State: store.StateRegistered,
-		Intended: store.Hardware{NICs: []store.NIC{{MAC: "52:54:00:00:00:01"}}}}, store.W{})
+	d := lifecycletest.New(t)
+	f := d.Backend()
+	m := fixtureMachine(t, d.Store, "", "52:54:00:00:00:01", store.StateRegistered, nil)
+	boot, err := d.Controller.BootFor(context.Background(), "52:54:00:00:00:01")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.SetAgentToken(m.ID, "agent-tok")
+	agentTok := boot.Token
 	var log lockedBuf
 	addr := serveReal(t, f, &log)
 	site := `{"name":"abcdefghij-abcdefghij"}`
@@ -198,7 +199,7 @@ func TestSlowBodiesAreBounded(t *testing.T) {
 			{"/v1/sites", "", nil, 401, CodeUnauthorized},
 			{"/v1/sites", viewerTok, nil, 403, CodeForbidden},
 			{"/v1/agent/report", "bogus", []string{HeaderMachine, m.ID}, 403, CodeForbidden},
-			{"/v1/agent/report", "agent-tok", nil, 400, CodeInvalid}, // no X-Kiln-Machine: cannot check the token
+			{"/v1/agent/report", agentTok, nil, 400, CodeInvalid}, // no X-Kiln-Machine: cannot check the token
 			{"/v1/images?name=a&version=1&sha256=" + strings.Repeat("a", 64), "bogus", nil, 401, CodeUnauthorized},
 		} {
 			// Headers only; the body never comes. 100 bytes is under the
@@ -266,7 +267,7 @@ func sha256hex(s string) string {
 // longer than the idle timeout (a deadline left behind would have the
 // server's background read cancel the request or drop the connection).
 func TestBodyDeadlineClearedAfterTheBody(t *testing.T) {
-	addr := serveReal(t, apitest.New(), nil)
+	addr := serveReal(t, realBackend(t), nil)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

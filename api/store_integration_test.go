@@ -3,64 +3,22 @@ package api_test
 import (
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	. "kiln/api"
-	"kiln/api/apitest"
 	"kiln/store"
-	"kiln/store/storetest"
 )
 
-// storeBackend serves the store-backed routes from a real *store.Store (raft
-// + bbolt on disk); lifecycle operations fall through to the embedded Fake.
-type storeBackend struct {
-	*apitest.Fake
-	s *store.Store
-}
-
-func (b storeBackend) ListMachines(o store.ListOptions) ([]store.Machine, string, error) {
-	return b.s.ListMachines(o)
-}
-func (b storeBackend) GetMachine(id string) (store.Machine, error) { return b.s.GetMachine(id) }
-func (b storeBackend) PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error) {
-	return b.s.PutMachine(ctx, m, w)
-}
-func (b storeBackend) ListSites() ([]store.Site, error) { return b.s.ListSites() }
-func (b storeBackend) PutSite(ctx context.Context, v store.Site, w store.W) (store.Site, error) {
-	return b.s.PutSite(ctx, v, w)
-}
-func (b storeBackend) Events(after uint64, limit int) ([]store.Event, error) {
-	return b.s.Events(after, limit)
-}
-func (b storeBackend) WaitEvents(ctx context.Context, after uint64) error {
-	return b.s.WaitEvents(ctx, after)
-}
-func (b storeBackend) CountByState() (map[store.MachineState]int, error) { return b.s.CountByState() }
-func (b storeBackend) Health() Health {
-	_, addr := b.s.Leader()
-	return Health{Leader: addr, IsLeader: b.s.IsLeader(), Ready: b.s.Ready(), Stats: b.s.Stats(), Version: "it"}
-}
-
-// TestOverRealStore runs the store-backed routes against a one-node raft
-// store: create, paginate, filter, CAS updates and the events long-poll.
+// TestOverRealStore runs the machine and site routes end to end over the
+// real domain: create, paginate, filter, CAS updates (the API's and the
+// store's) and the events long-poll.
 func TestOverRealStore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: starts a raft store")
 	}
-	c := storetest.NewCluster(t, 1)
-	st := c.Nodes[0].Store
-	f := apitest.New()
-	s, err := New(testConfig(), storeBackend{Fake: f, s: st}, prometheus.NewRegistry(), testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	h := &harness{t: t, f: f, s: s, srv: srv}
+	h := newHarness(t)
+	st := h.st
 
 	var first store.Machine
 	for i := 0; i < 12; i++ {
@@ -147,4 +105,32 @@ func TestOverRealStore(t *testing.T) {
 		t.Fatalf("status %+v", ss)
 	}
 	h.want(h.do("GET", "/readyz", "", nil), 200, "")
+}
+
+// noBarrier is a follower that cannot reach the leader for a barrier.
+type noBarrier struct{ Backend }
+
+func (noBarrier) Barrier(context.Context) error {
+	return fmt.Errorf("barrier: %w", &store.NotLeaderError{LeaderID: "kiln-2"})
+}
+
+// ?consistent=true reads after the backend's Barrier: over the real domain
+// it answers as a plain read; a barrier that cannot reach the leader is
+// 503 not_leader, never a stale answer.
+func TestConsistentRead(t *testing.T) {
+	h := newHarness(t)
+	m := h.machine("c1", "52:54:00:00:00:c1", store.StateRegistered, nil)
+	var got Machine
+	r := h.do("GET", "/v1/machines/"+m.ID+"?consistent=true", viewerTok, nil)
+	h.want(r, 200, "")
+	r.into(t, &got)
+	if got.ID != m.ID || got.ResourceVersion != m.ResourceVersion {
+		t.Fatalf("consistent read %+v", got)
+	}
+	h.want(h.do("GET", "/v1/machines?consistent=true", viewerTok, nil), 200, "")
+	h.want(h.do("GET", "/v1/machines?consistent=perhaps", viewerTok, nil), 400, CodeInvalid)
+	f := newHarness(t, func(b Backend) Backend { return noBarrier{b} })
+	f.machine("c1", "52:54:00:00:00:c1", store.StateRegistered, nil)
+	f.want(f.do("GET", "/v1/machines?consistent=true", viewerTok, nil), 503, CodeNotLeader)
+	f.want(f.do("GET", "/v1/machines", viewerTok, nil), 200, "")
 }

@@ -12,36 +12,36 @@ import (
 // MachineList is a page of GET /v1/machines. Next is the cursor for
 // ?after= of the next page; "" on the last page.
 type MachineList struct {
-	Items []store.Machine `json:"items"`
-	Next  string          `json:"next,omitempty"`
+	Items []Machine `json:"items"`
+	Next  string    `json:"next,omitempty"`
 }
 
 // SiteList is GET /v1/sites.
 type SiteList struct {
-	Items []store.Site `json:"items"`
+	Items []Site `json:"items"`
 }
 
 // RackList is GET /v1/racks (optionally ?site=ID).
 type RackList struct {
-	Items []store.Rack `json:"items"`
+	Items []Rack `json:"items"`
 }
 
 // ImageList is GET /v1/images.
 type ImageList struct {
-	Items []store.Image `json:"items"`
+	Items []Image `json:"items"`
 }
 
 // JobList is GET /v1/jobs (optionally ?machine=ID).
 type JobList struct {
-	Items []store.Job `json:"items"`
+	Items []Job `json:"items"`
 }
 
 // EventList is GET /v1/events. Next is the cursor to pass as ?after= next
 // time: the Index of the last event returned, or the request's after when
 // none were.
 type EventList struct {
-	Events []store.Event `json:"events"`
-	Next   uint64        `json:"next"`
+	Events []Event `json:"events"`
+	Next   uint64  `json:"next"`
 }
 
 // SiteSpec creates (POST /v1/sites; ID optional, assigned when empty) or
@@ -109,8 +109,8 @@ type ActionRequest struct {
 
 // ProvisionRequest is POST /v1/machines/{id}/provision. Claim.Image is required.
 type ProvisionRequest struct {
-	Claim  store.Claim `json:"claim"`
-	Reason string      `json:"reason,omitempty"`
+	Claim  Claim  `json:"claim"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // ClaimRequest is POST /v1/machines/claim: claim Count available machines
@@ -120,13 +120,13 @@ type ClaimRequest struct {
 	Role   string            `json:"role"`
 	Labels map[string]string `json:"labels,omitempty"`
 	Count  int               `json:"count"`
-	Claim  store.Claim       `json:"claim"`
+	Claim  Claim             `json:"claim"`
 	Reason string            `json:"reason,omitempty"`
 }
 
 // ClaimResponse lists the claimed machines.
 type ClaimResponse struct {
-	Items []store.Machine `json:"items"`
+	Items []Machine `json:"items"`
 }
 
 // BMCEnrollRequest is POST /v1/machines/{id}/bmc. Password is write-only: it

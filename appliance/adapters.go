@@ -16,27 +16,52 @@ import (
 	"kiln/store"
 )
 
-// apiBackend is api.Backend: store reads and the lifecycle's operations.
+// apiBackend is api.Backend: the domain (lifecycle.Service, which says
+// who answers each call: the store's reads, the lifecycle controller's
+// writes) plus Health, the one thing the appliance adds. Machines go to the
+// wire as api view types, which have no boot-token field: nothing here
+// needs to redact.
 type apiBackend struct {
-	*store.Store
-	*lifecycle.Controller
-	bmc     *bmcAdapter // reads BMC inventory after an enrollment; nil = none
+	*lifecycle.Service
+	st      *store.Store // Health and the cluster routes
+	keys    *siteKeys    // site key rotation (sitekey.go); nil = none
 	version string
 }
 
-// DeleteImage goes through the lifecycle (it also removes the catalog file).
-func (b *apiBackend) DeleteImage(ctx context.Context, id string, w store.W) error {
-	return b.Controller.DeleteImage(ctx, id, w)
+// NewAPIBackend returns the REST API's backend over the domain service svc
+// and store st (for Health), reporting version: what appliance.New wires,
+// exported for the tests of the API and of its clients.
+func NewAPIBackend(svc *lifecycle.Service, st *store.Store, version string) api.Backend {
+	return newAPIBackend(svc, st, nil, version)
+}
+
+func newAPIBackend(svc *lifecycle.Service, st *store.Store, keys *siteKeys, version string) *apiBackend {
+	return &apiBackend{Service: svc, st: st, keys: keys, version: version}
+}
+
+// The cluster routes (api.ClusterBackend) are the store's own operations.
+
+// CreateJoinToken is api.ClusterBackend: store.Store.CreateJoinToken.
+func (b *apiBackend) CreateJoinToken(ctx context.Context, ttl time.Duration, w store.W) (string, store.JoinToken, error) {
+	return b.st.CreateJoinToken(ctx, ttl, w)
+}
+
+// Members is api.ClusterBackend: store.Store.Members.
+func (b *apiBackend) Members() ([]store.ClusterMember, error) { return b.st.Members() }
+
+// RemoveMember is api.ClusterBackend: store.Store.RemoveMember.
+func (b *apiBackend) RemoveMember(ctx context.Context, id string, w store.W) error {
+	return b.st.RemoveMember(ctx, id, w)
 }
 
 // Health reports raft leadership and readiness for /readyz and /v1/site/status.
 func (b *apiBackend) Health() api.Health {
-	_, leader := b.Store.Leader()
+	_, leader := b.st.Leader()
 	return api.Health{
 		Leader:   leader,
-		IsLeader: b.Store.IsLeader(),
-		Ready:    b.Store.Ready(),
-		Stats:    b.Store.Stats(),
+		IsLeader: b.st.IsLeader(),
+		Ready:    b.st.Ready(),
+		Stats:    b.st.Stats(),
 		Version:  b.version,
 	}
 }
@@ -56,6 +81,13 @@ func (b *bootBackend) BootFor(ctx context.Context, mac net.HardwareAddr) (httpbo
 	}
 	return httpboot.Boot{Action: d.Action, MachineID: d.MachineID, Token: d.Token}, nil
 }
+
+// SealerFor is lifecycle.Sealer over the site key's sealer.
+func SealerFor(s *bmc.Sealer) lifecycle.Sealer { return sealerAdapter{s} }
+
+// CatalogFor is lifecycle.Catalog (and CatalogDeleter) over the boot
+// HTTP server's image catalog.
+func CatalogFor(c *httpboot.Catalog) lifecycle.Catalog { return catalogAdapter{c} }
 
 type sealerAdapter struct{ s *bmc.Sealer }
 
@@ -159,141 +191,27 @@ func (a *bmcAdapter) SetNextBootPXE(ctx context.Context, id string, mode store.B
 	return a.ctl.SetNextBootPXE(ctx, t, m)
 }
 
-// The API never shows a machine's boot-token hash: it is a credential's
-// digest, of no use to an operator. These wrappers clear it on every path
-// that returns machines to the API.
-func redact(m store.Machine) store.Machine { m.BootTokenHash = ""; return m }
-
-func redactAll(ms []store.Machine, err error) ([]store.Machine, error) {
-	for i := range ms {
-		ms[i] = redact(ms[i])
-	}
-	return ms, err
-}
-
-func (b *apiBackend) GetMachine(id string) (store.Machine, error) {
-	m, err := b.Store.GetMachine(id)
-	return redact(m), err
-}
-
-func (b *apiBackend) ListMachines(opt store.ListOptions) ([]store.Machine, string, error) {
-	ms, next, err := b.Store.ListMachines(opt)
-	ms, err = redactAll(ms, err)
-	return ms, next, err
-}
-
-// PutMachine keeps the stored boot-token hash: the API read the machine
-// redacted, so an update would otherwise clear a running agent's token. With
-// the resource version the API always sends, the record read here is the one
-// being replaced.
-func (b *apiBackend) PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error) {
-	if m.ID != "" && m.BootTokenHash == "" {
-		if cur, err := b.Store.GetMachine(m.ID); err == nil && (m.ResourceVersion == 0 || cur.ResourceVersion == m.ResourceVersion) {
-			m.BootTokenHash = cur.BootTokenHash
-		}
-	}
-	m, err := b.Store.PutMachine(ctx, m, w)
-	return redact(m), err
-}
-
-func (b *apiBackend) Provision(ctx context.Context, id string, c store.Claim, w store.W) (store.Machine, error) {
-	m, err := b.Controller.Provision(ctx, id, c, w)
-	return redact(m), err
-}
-
-func (b *apiBackend) ClaimMachines(ctx context.Context, role string, labels map[string]string, n int, c store.Claim, w store.W) ([]store.Machine, error) {
-	return redactAll(b.Controller.ClaimMachines(ctx, role, labels, n, c, w))
-}
-
-func (b *apiBackend) Release(ctx context.Context, id string, w store.W) (store.Machine, error) {
-	m, err := b.Controller.Release(ctx, id, w)
-	return redact(m), err
-}
-
-func (b *apiBackend) Erase(ctx context.Context, id string, w store.W) (store.Machine, error) {
-	m, err := b.Controller.Erase(ctx, id, w)
-	return redact(m), err
-}
-
-func (b *apiBackend) Inspect(ctx context.Context, id string, w store.W) (store.Machine, error) {
-	m, err := b.Controller.Inspect(ctx, id, w)
-	return redact(m), err
-}
-
-// Inventory asks the machine's BMC what it knows of the machine (Redfish
-// ComputerSystem and EthernetInterfaces). bmc.ErrUnsupported where the BMC
-// offers none (IPMI here).
-func (a *bmcAdapter) Inventory(ctx context.Context, id string) (bmc.Inventory, error) {
+// Inventory is lifecycle.BMCInventory: it asks the machine's BMC what it
+// knows of the machine (Redfish ComputerSystem and EthernetInterfaces).
+// lifecycle.ErrNoInventory where the BMC offers none (IPMI here).
+func (a *bmcAdapter) Inventory(ctx context.Context, id string) (lifecycle.Inventory, error) {
 	t, err := a.target(id)
 	if err != nil {
-		return bmc.Inventory{}, err
+		return lifecycle.Inventory{}, err
 	}
-	return a.ctl.Inventory(ctx, t)
+	inv, err := a.ctl.Inventory(ctx, t)
+	if errors.Is(err, bmc.ErrUnsupported) {
+		return lifecycle.Inventory{}, fmt.Errorf("%w: %v", lifecycle.ErrNoInventory, err)
+	}
+	if err != nil {
+		return lifecycle.Inventory{}, fmt.Errorf("bmc inventory (%s): %w", bmc.Reason(err), err)
+	}
+	return lifecycle.Inventory{Serial: inv.Serial, Manufacturer: inv.Manufacturer, Model: inv.Model, UUID: inv.UUID,
+		NICMACs: inv.NICMACs}, nil
 }
 
-// bmcInventoryTimeout bounds the inventory read that follows an enrollment.
-const bmcInventoryTimeout = 15 * time.Second
-
-// EnrollBMC enrolls the BMC, then reads the BMC's inventory (serial, vendor,
-// model, UUID, NIC MACs) into the machine's discovered fields, so the site
-// team sees what stands in the slot before it ever boots. The agent's
-// inspection later replaces them with its fuller report. An inventory that
-// fails is recorded as an event and does not undo the enrollment.
-func (b *apiBackend) EnrollBMC(ctx context.Context, machineID string, rec store.BMC, password string, w store.W) (store.BMC, error) {
-	out, err := b.Controller.EnrollBMC(ctx, machineID, rec, password, w)
-	if err != nil || b.bmc == nil {
-		return out, err
-	}
-	ictx, cancel := context.WithTimeout(ctx, bmcInventoryTimeout)
-	defer cancel()
-	inv, ierr := b.bmc.Inventory(ictx, machineID)
-	switch {
-	case errors.Is(ierr, bmc.ErrUnsupported):
-		return out, nil
-	case ierr != nil:
-		_ = b.Store.AppendEvents(ctx, []store.Event{{Subject: "machine/" + machineID, Kind: "bmc_inventory",
-			To: "failed", Actor: w.Actor, Reason: bmc.Reason(ierr), Message: ierr.Error()}})
-		return out, nil
-	}
-	for attempt := 0; attempt < 3; attempt++ {
-		m, err := b.Store.GetMachine(machineID)
-		if err != nil {
-			return out, nil
-		}
-		mergeBMCInventory(&m, inv)
-		if _, err = b.Store.PutMachine(ctx, m, store.W{Actor: "bmc", Reason: "bmc_inventory"}); !errors.Is(err, store.ErrConflict) {
-			return out, nil
-		}
-	}
-	return out, nil
-}
-
-// mergeBMCInventory fills m.Discovered from a BMC's inventory where the BMC
-// offered a value; NICs it lists are added if not already known.
-func mergeBMCInventory(m *store.Machine, inv bmc.Inventory) {
-	if m.Discovered == nil {
-		m.Discovered = &store.Hardware{}
-	}
-	d := m.Discovered
-	set := func(dst *string, v string) {
-		if v != "" {
-			*dst = v
-		}
-	}
-	set(&d.Serial, inv.Serial)
-	set(&d.Vendor, inv.Manufacturer)
-	set(&d.Model, inv.Model)
-	set(&d.UUID, inv.UUID)
-	for _, mac := range inv.NICMACs {
-		known := false
-		for _, n := range d.NICs {
-			if strings.EqualFold(n.MAC, mac) {
-				known = true
-				break
-			}
-		}
-		if !known {
-			d.NICs = append(d.NICs, store.NIC{MAC: strings.ToLower(mac)})
-		}
-	}
-}
+var (
+	_ api.Backend        = (*apiBackend)(nil)
+	_ api.ClusterBackend = (*apiBackend)(nil)
+	_ api.SiteKeyBackend = (*apiBackend)(nil)
+)

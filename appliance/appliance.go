@@ -66,13 +66,16 @@ type Appliance struct {
 	bootLn  net.Listener
 	dhcp    *dhcp.Server
 	dhcpB   *dhcpBackend
+	bmc     *bmcAdapter // opens BMC credentials with the site key
 	tftp    *tftp.Server
 	version string
 }
 
-// New builds the appliance: it opens the store (a corrupt data file is an
-// error naming it), creates the admin token and site key on first start, and
-// constructs every service. Nothing listens until Run, except the store's raft
+// New builds the appliance: it gets the node's site certificate and the
+// site key (siteCredentials: made at bootstrap, received from a member when
+// joining with a token), opens the store (a corrupt data file is an error
+// naming it), creates the admin token on first start, and constructs every
+// service. Nothing listens until Run, except the store's raft
 // transport and the boot HTTP listener (bound here so a busy port fails fast).
 func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -82,17 +85,29 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a := &Appliance{cfg: cfg, log: log, reg: reg, version: version}
 
+	ident, keys, err := siteCredentials(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	siteK, err := newSiteKeys(cfg.BMC.KeyFile, keys, log)
+	if err != nil {
+		return nil, err
+	}
 	st, err := store.Open(store.Config{
 		NodeID:      cfg.NodeID,
 		DataDir:     filepath.Join(cfg.DataDir, "store"),
 		RaftAddr:    cfg.Raft.Addr,
 		ForwardAddr: cfg.Raft.ForwardAddr,
 		Bootstrap:   cfg.Raft.Bootstrap,
+		Identity:    ident,
+		JoinSecrets: siteK.joinSecrets,
+		OnSecrets:   siteK.update,
 	}, log, reg)
 	if err != nil {
 		return nil, err
 	}
 	a.Store = st
+	siteK.st = st
 	ok := false
 	defer func() {
 		if !ok {
@@ -100,14 +115,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		}
 	}()
 
-	key, err := bmc.LoadOrCreateKey(cfg.BMC.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
-	}
-	sealer, err := bmc.NewSealer(key)
-	if err != nil {
-		return nil, fmt.Errorf("site key %s: %w", cfg.BMC.KeyFile, err)
-	}
+	sealer := siteK.sealer
 	bmcCtl, err := bmc.New(bmc.Config{
 		CallTimeout:        cfg.BMC.Timeout,
 		Retries:            cfg.BMC.Retries,
@@ -127,6 +135,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	baseURL := "http://" + cfg.Boot.HTTPAddr
 
 	bmcA := &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}
+	a.bmc = bmcA
 	life, err := lifecycle.New(lifecycle.Config{
 		ImageBaseURL:       baseURL,
 		UnknownMachines:    cfg.Boot.UnknownMachines,
@@ -135,8 +144,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		MinReadMBps:        cfg.Lifecycle.MinReadMBps,
 		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
-		Sealer:             sealerAdapter{sealer},
-		Catalog:            catalogAdapter{catalog},
+		Sealer:             SealerFor(sealer),
+		Catalog:            CatalogFor(catalog),
 	}, st, bmcA, reg)
 	if err != nil {
 		return nil, err
@@ -159,26 +168,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		Tokens:          tokens,
 		BodyIdleTimeout: cfg.API.BodyIdleTimeout,
 		JSONBodyTimeout: cfg.API.JSONBodyTimeout,
-		ErrorClasses: []api.ErrorClass{
-			{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
-			{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
-			{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
-			{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},
-			{Err: lifecycle.ErrImageFormat, Status: http.StatusBadRequest, Code: "format_mismatch"},
-			{Err: lifecycle.ErrImageSize, Status: http.StatusBadRequest, Code: "size_mismatch"},
-			{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
-			{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
-			{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
-			{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
-			{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
-			// The catalog's upload errors are the client's: a body whose
-			// SHA-256 or length differs from the declared one, or a bad name.
-			{Err: httpboot.ErrDigestMismatch, Status: http.StatusBadRequest, Code: "digest_mismatch"},
-			{Err: httpboot.ErrSizeMismatch, Status: http.StatusBadRequest, Code: "size_mismatch"},
-			{Err: httpboot.ErrBadDigest, Status: http.StatusBadRequest, Code: "invalid"},
-			{Err: httpboot.ErrBadName, Status: http.StatusBadRequest, Code: "invalid"},
-		},
-	}, &apiBackend{Store: st, Controller: life, bmc: bmcA, version: version}, reg, log)
+		ErrorClasses:    ErrorClasses(),
+	}, newAPIBackend(lifecycle.NewService(life, st), st, siteK, version), reg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +215,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		}
 		a.dhcpB = &dhcpBackend{
 			st:          st,
+			discover:    life,
 			scriptURL:   func(mac string) string { return baseURL + "/ipxe/" + mac },
 			log:         log.With("component", "dhcp"),
 			discoveries: make(chan discovery, 256),
@@ -351,5 +343,31 @@ func (a *Appliance) close() {
 		if err := a.Store.Close(); err != nil {
 			a.log.Warn("closing store", "err", err)
 		}
+	}
+}
+
+// ErrorClasses maps the sentinel errors of the domain and of the parts it
+// drives (lifecycle, the image catalog, the BMC adapter) to the REST API's
+// statuses and codes (api.Config.ErrorClasses): the one table, used by
+// New and by the tests of the API over the real domain.
+func ErrorClasses() []api.ErrorClass {
+	return []api.ErrorClass{
+		{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
+		{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
+		{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
+		{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+		{Err: lifecycle.ErrImageFormat, Status: http.StatusBadRequest, Code: "format_mismatch"},
+		{Err: lifecycle.ErrImageSize, Status: http.StatusBadRequest, Code: "size_mismatch"},
+		{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
+		{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
+		{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
+		{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
+		{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
+		// The catalog's upload errors are the client's: a body whose
+		// SHA-256 or length differs from the declared one, or a bad name.
+		{Err: httpboot.ErrDigestMismatch, Status: http.StatusBadRequest, Code: "digest_mismatch"},
+		{Err: httpboot.ErrSizeMismatch, Status: http.StatusBadRequest, Code: "size_mismatch"},
+		{Err: httpboot.ErrBadDigest, Status: http.StatusBadRequest, Code: "invalid"},
+		{Err: httpboot.ErrBadName, Status: http.StatusBadRequest, Code: "invalid"},
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"kiln/bmc"
 	"kiln/deploy/lab/vbmc/vbmc"
 	"kiln/store"
 )
@@ -70,14 +69,5 @@ func TestEnrollBMCReadsInventory(t *testing.T) {
 	if d == nil || d.Serial != "SN-INV-0042" || d.Vendor != "Acme" || d.Model != "R9000" || len(d.NICs) != 2 ||
 		d.NICs[1].MAC != "52:54:00:42:00:02" {
 		t.Fatalf("discovered after enrollment: %+v", d)
-	}
-}
-
-func TestMergeBMCInventoryKeepsWhatTheBMCDoesNotOffer(t *testing.T) {
-	m := store.Machine{Discovered: &store.Hardware{Serial: "agent-serial", CPUs: 64, NICs: []store.NIC{{MAC: "52:54:00:00:00:01", LinkUp: true}}}}
-	mergeBMCInventory(&m, bmc.Inventory{Model: "R9000", NICMACs: []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}})
-	d := m.Discovered
-	if d.Serial != "agent-serial" || d.CPUs != 64 || d.Model != "R9000" || len(d.NICs) != 2 || !d.NICs[0].LinkUp {
-		t.Fatalf("merged: %+v", d)
 	}
 }

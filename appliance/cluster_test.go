@@ -89,7 +89,7 @@ func (n *node) waitReady(t *testing.T) {
 func TestJoinAndWriteOnFollower(t *testing.T) {
 	a := startNode(t, "kiln-a", nil)
 	a.waitReady(t)
-	b := startNode(t, "kiln-b", []string{a.cfg.Raft.ForwardAddr})
+	b := startNode(t, "kiln-b", []string{a.cfg.Raft.ForwardAddr}, joinToken(t, a))
 	b.waitReady(t)
 	if b.app.Store.IsLeader() {
 		t.Fatal("the joining node became leader")

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"kiln/store/pki"
 )
 
 // Defaults of the embedded configuration (`kiln serve` with no --config).
@@ -29,6 +31,9 @@ const (
 	DefaultLogLevel     = "info"
 	DefaultLogFormat    = "text"
 	DefaultUnknown      = "discover"
+	// DefaultJoinTimeout bounds a joining node's enrollment (raft.join_timeout):
+	// how long New keeps trying the members listed in raft.join.
+	DefaultJoinTimeout = 2 * time.Minute
 )
 
 // Config is the appliance's whole configuration. Decoded from YAML with
@@ -76,15 +81,23 @@ type TokenSpec struct {
 }
 
 // RaftConfig places this node in the site's raft group. With Bootstrap (the
-// default) a node with empty state forms a one-node cluster. A new node of an
-// existing cluster sets bootstrap: false and lists members' forward addresses
-// in Join; it asks them to add it as a voter on first start. Addr and
-// ForwardAddr must then be addresses the other members can reach.
+// default) a node with empty state forms a one-node cluster and makes the
+// site CA and site key. A new node of an existing cluster sets bootstrap:
+// false, lists members' forward addresses in Join and, for its first
+// start, sets JoinToken to a token from `kiln cluster token create`: it
+// then receives its certificate and the site key from a member (within
+// JoinTimeout, default DefaultJoinTimeout) and asks to be added as a voter.
+// Addr and ForwardAddr must be addresses the other members can reach. Raft
+// and the forward RPC run over mutual TLS with the credentials in TLSDir
+// (default DATA_DIR/tls: ca.crt, ca.key, node.crt, node.key).
 type RaftConfig struct {
-	Addr        string   `yaml:"addr"`
-	ForwardAddr string   `yaml:"forward_addr"`
-	Bootstrap   bool     `yaml:"bootstrap"`
-	Join        []string `yaml:"join"`
+	Addr        string        `yaml:"addr"`
+	ForwardAddr string        `yaml:"forward_addr"`
+	Bootstrap   bool          `yaml:"bootstrap"`
+	Join        []string      `yaml:"join"`
+	JoinToken   string        `yaml:"join_token"`
+	JoinTimeout time.Duration `yaml:"join_timeout"`
+	TLSDir      string        `yaml:"tls_dir"`
 }
 
 // BootConfig is the provisioning network: DHCP, TFTP and HTTP boot. With no
@@ -219,6 +232,20 @@ func (c *Config) Validate() error {
 	if c.BMC.KeyFile == "" {
 		c.BMC.KeyFile = c.DataDir + "/site.key"
 	}
+	if c.Raft.TLSDir == "" {
+		c.Raft.TLSDir = c.DataDir + "/tls"
+	}
+	if c.Raft.JoinTimeout == 0 {
+		c.Raft.JoinTimeout = DefaultJoinTimeout
+	}
+	if c.Raft.JoinToken != "" {
+		if len(c.Raft.Join) == 0 {
+			return errors.New("config: raft.join_token needs raft.join (the members' forward addresses)")
+		}
+		if _, err := pki.ParseToken(c.Raft.JoinToken); err != nil {
+			return fmt.Errorf("config: raft.join_token: %w", err)
+		}
+	}
 	if c.Boot.EnvDir == "" {
 		c.Boot.EnvDir = c.DataDir + "/env"
 	}
@@ -336,7 +363,7 @@ func (c *Config) validateValues() error {
 		{"bmc.timeout", c.BMC.Timeout}, {"lifecycle.step_timeout", c.Lifecycle.StepTimeout},
 		{"api.body_idle_timeout", c.API.BodyIdleTimeout}, {"api.json_body_timeout", c.API.JSONBodyTimeout},
 		{"lifecycle.boot_timeout", c.Lifecycle.BootTimeout}, {"lifecycle.agent_poll_after", c.Lifecycle.AgentPollAfter},
-		{"lifecycle.reboot_timeout", c.Lifecycle.RebootTimeout},
+		{"lifecycle.reboot_timeout", c.Lifecycle.RebootTimeout}, {"raft.join_timeout", c.Raft.JoinTimeout},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("config: %s %s: must not be negative", d.key, d.v)

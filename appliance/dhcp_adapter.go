@@ -13,11 +13,13 @@ import (
 )
 
 // dhcpBackend adapts the replicated store to dhcp.Backend. Machine reads the
-// local replica (the boot path never waits on raft); Discovered and
-// CommitLeases write through raft (forwarded to the leader by the store);
-// the lease methods are in dhcp_leases.go.
+// local replica (the boot path never waits on raft); Discovered goes to the
+// lifecycle (the only writer of machine records, with its discovery limits);
+// CommitLeases writes through raft (forwarded to the leader by the store).
+// The lease methods are in dhcp_leases.go.
 type dhcpBackend struct {
 	st          *store.Store
+	discover    discoverer
 	scriptURL   func(mac string) string
 	log         *slog.Logger
 	discoveries chan discovery
@@ -49,8 +51,15 @@ func (b *dhcpBackend) Machine(mac net.HardwareAddr) (dhcp.MachineInfo, bool) {
 	return info, true
 }
 
-// Discovered records an unknown MAC as a `discovered` machine so the site team
-// sees every server that asks. The DHCP server rate-limits calls per MAC.
+// discoverer is the lifecycle's DHCP discovery (lifecycle.Controller.DiscoverDHCP).
+type discoverer interface {
+	DiscoverDHCP(ctx context.Context, mac, arch, vendorClass string) (bool, error)
+}
+
+// Discovered queues an unknown MAC for the lifecycle to record as a
+// `discovered` machine so the site team sees every server that asks. The
+// DHCP server rate-limits calls per MAC; the lifecycle applies its own
+// discovery rate and cap.
 func (b *dhcpBackend) Discovered(mac net.HardwareAddr, arch uint16, vendorClass string) {
 	select {
 	case b.discoveries <- discovery{mac: strings.ToLower(mac.String()), arch: arch, vendorClass: vendorClass}:
@@ -73,20 +82,8 @@ func (b *dhcpBackend) runDiscoveries(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case d := <-b.discoveries:
-			if _, err := b.st.MachineByMAC(d.mac); err == nil {
-				continue
-			}
-			labels := map[string]string{"kiln.io/discovered-by": "dhcp", "kiln.io/arch": archName(d.arch)}
-			if d.vendorClass != "" {
-				labels["kiln.io/vendor-class"] = sanitizeLabel(d.vendorClass)
-			}
-			m := store.Machine{
-				State:    store.StateDiscovered,
-				Labels:   labels,
-				Intended: store.Hardware{NICs: []store.NIC{{MAC: d.mac}}},
-			}
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := b.st.PutMachine(wctx, m, store.W{Actor: "dhcp", Reason: "unknown_mac"})
+			_, err := b.discover.DiscoverDHCP(wctx, d.mac, archName(d.arch), d.vendorClass)
 			cancel()
 			if err != nil {
 				b.log.Warn("recording discovered machine failed", "mac", d.mac, "err", err)
@@ -112,18 +109,4 @@ func archName(a uint16) string {
 		return "none"
 	}
 	return "other"
-}
-
-// sanitizeLabel keeps printable ASCII without spaces, at most 63 bytes.
-func sanitizeLabel(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if b.Len() >= 63 {
-			break
-		}
-		if r > 32 && r < 127 {
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }

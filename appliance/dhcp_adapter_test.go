@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kiln/appliance/lifecycle"
 	"kiln/dhcp"
 	"kiln/store"
 	"kiln/store/storetest"
@@ -17,9 +20,14 @@ import (
 
 func newDHCPBackend(t *testing.T) (*dhcpBackend, *store.Store) {
 	t.Helper()
-	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	st := storetest.NewLocal(t)
+	life, err := lifecycle.New(lifecycle.Config{ImageBaseURL: "http://10.0.0.1:8080"}, st, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &dhcpBackend{
 		st:          st,
+		discover:    life,
 		scriptURL:   func(mac string) string { return "http://10.0.0.1:8080/ipxe/" + mac },
 		log:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 		discoveries: make(chan discovery, 4),
@@ -50,7 +58,8 @@ func TestDHCPDiscoveredBecomesAMachine(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if m.State != store.StateDiscovered || m.Labels["kiln.io/arch"] != "efi-x86_64" {
+	if m.State != store.StateDiscovered || m.Labels["kiln.io/arch"] != "efi-x86_64" || m.Labels["kiln.io/discovered-by"] != "dhcp" ||
+		m.Labels["kiln.io/vendor-class"] != "PXEClient:Arch:00007:UNDI:003016" {
 		t.Fatalf("recorded %s with labels %v", m.State, m.Labels)
 	}
 	b.Discovered(mac, 7, "")
@@ -130,7 +139,7 @@ func TestDHCPLeasesRoundTrip(t *testing.T) {
 	if err != nil || !errors.Is(errs[0], dhcp.ErrAddressTaken) || !errors.Is(errs[0], store.ErrAddressTaken) {
 		t.Fatalf("second holder: %v %v", errs, err)
 	}
-	if self, all := b.Members(); self != "n0" || len(all) != 1 || all[0] != "n0" || !b.CanCommit() {
+	if self, all := b.Members(); self != store.LocalNodeID || len(all) != 1 || all[0] != self || !b.CanCommit() {
 		t.Fatalf("members %q %v, can commit %v", self, all, b.CanCommit())
 	}
 }

@@ -531,7 +531,7 @@ func holder0(t *testing.T, st *store.Store, ip string) store.Lease {
 // store still knows the live binding: it offers the address to nobody
 // else, NAKs the stale client asking for it back, and renews the holder.
 func TestDHCPReloadKeepsLiveBinding(t *testing.T) {
-	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	st := storetest.NewLocal(t)
 	ctx := context.Background()
 	const x = "10.96.0.120"
 	if err := st.PutLeases(ctx, []store.Lease{

@@ -35,7 +35,7 @@ func TestSealerRoundTripAndTamper(t *testing.T) {
 	}
 	pt := []byte("bmc-password-123")
 	a, b := s.Seal(pt), s.Seal(pt)
-	if string(a) == string(b) || strings.Contains(string(a), string(pt)) || len(a) != 1+12+len(pt)+16 {
+	if string(a) == string(b) || strings.Contains(string(a), string(pt)) || len(a) != 1+8+12+len(pt)+16 {
 		t.Fatalf("sealed blobs: equal=%t len=%d", string(a) == string(b), len(a))
 	}
 	got, err := s.Open(a)

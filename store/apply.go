@@ -29,9 +29,12 @@ var (
 	bNodes    = []byte("nodes")   // raft server ID → forward address
 	bIdxJob   = []byte("idx_job") // machine ID \x00 job ID → empty
 	bMeta     = []byte("meta")    // "applied" → 8-byte BE raft index
+	// Cluster trust (cluster.go).
+	bJoinTokens = []byte("join_tokens") // hex SHA-256 of a token secret → JoinToken
+	bMembers    = []byte("members")     // node ID → Member
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bLeaseAddrs}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -153,6 +156,10 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		if out, recs, err = importMachines(a, c.Machines); err != nil {
 			return nil, nil, 0, err
 		}
+	case CmdAgentReport:
+		if out, recs, err = agentReport(a, c); err != nil {
+			return nil, nil, 0, err
+		}
 	case CmdPutJob:
 		if c.Job == nil {
 			return nil, nil, 0, fmt.Errorf("%w: put_job without job", ErrBadCommand)
@@ -184,6 +191,12 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		if err = tx.Bucket(bNodes).Delete([]byte(c.ID)); err == nil {
 			err = a.event(Event{Subject: "node/" + c.ID, Kind: "node_removed"})
 		}
+	case CmdPutJoinToken:
+		err = applyPutJoinToken(a, c.JoinToken)
+	case CmdUseJoinToken:
+		err = applyUseJoinToken(a, c.JoinToken, c.Member)
+	case CmdRemoveMember:
+		err = applyRemoveMember(a, c.ID)
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}
@@ -408,6 +421,36 @@ func putMachine(a *applyCtx, m *Machine, checked bool) ([]byte, error) {
 		err = a.event(Event{Subject: subj, Kind: "updated"})
 	}
 	return raw, err
+}
+
+// agentReport is CmdAgentReport: the report's events (each needs Subject
+// and Kind), then a compare-and-set write of its one machine with
+// PutMachinesV2's rules, all at this command's index and in its one
+// transaction, so a refused write leaves no event behind. The machine must
+// exist and be named by ID and current ResourceVersion: a report never
+// creates one.
+func agentReport(a *applyCtx, c *command) ([]json.RawMessage, []any, error) {
+	if len(c.Machines) != 1 {
+		return nil, nil, fmt.Errorf("%w: agent_report carries %d machines, want 1", ErrBadCommand, len(c.Machines))
+	}
+	m := &c.Machines[0]
+	if m.ID == "" || m.ResourceVersion == 0 {
+		return nil, nil, fmt.Errorf("%w: agent report on machine %q at resource_version %d: a report needs the "+
+			"machine's ID and its current resource_version (it never creates a machine)", ErrInvalid, m.ID, m.ResourceVersion)
+	}
+	for i, ev := range c.Events {
+		if ev.Kind == "" || ev.Subject == "" {
+			return nil, nil, fmt.Errorf("%w: agent report on machine %s: event %d needs subject and kind", ErrInvalid, m.ID, i)
+		}
+		if err := a.event(ev); err != nil {
+			return nil, nil, err
+		}
+	}
+	raw, err := putMachine(a, m, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return []json.RawMessage{raw}, []any{m}, nil
 }
 
 func orStr(a, b string) string {
@@ -667,6 +710,6 @@ func lastEventIndex(tx *bbolt.Tx) uint64 {
 // (conflict, not found, invalid, illegal transition) rather than a fault.
 func errIsLogical(err error) bool {
 	var ite *IllegalTransitionError
-	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) ||
+	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrJoinToken) ||
 		errors.Is(err, ErrDuplicateMAC) || errors.Is(err, ErrImageInUse) || errors.As(err, &ite)
 }

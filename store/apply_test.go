@@ -391,6 +391,8 @@ func FuzzDecodeApply(f *testing.F) {
 	seed(&command{Type: CmdImportMachines, Time: t0, Machines: []Machine{{Meta: Meta{ID: "i1"}, Name: "c"},
 		{Meta: Meta{ID: "i2"}, Name: "d", Intended: Hardware{Serial: "S", NICs: []NIC{{MAC: "02:00:00:00:0b:01"}}}}}})
 	seed(&command{Type: CmdPutMachines, Time: t0, Machines: []Machine{{Meta: Meta{ID: "m2"}, Intended: nic("02:00:00:00:00:01")}}}) // MAC taken: refused
+	seed(&command{Type: CmdAgentReport, Time: t0, Machines: []Machine{{Meta: Meta{ID: "m", ResourceVersion: 1}, State: StateInspecting}},
+		Events: []Event{{Subject: "machine/m", Kind: "step", To: "succeeded"}}})
 	f.Add([]byte{})
 	f.Add([]byte{3})
 	f.Add([]byte{3, '{', '"', 'm', 'a', 'c', 'h', 'i', 'n', 'e', 's', '"', ':', '[', '{', '}', ']', '}'})

@@ -31,8 +31,11 @@ const (
 	CmdPutMachinesV2                     // 14: Machines; as 3, and a claim a write adds or changes must name a stored image
 	CmdDeleteImageV2                     // 15: ID; as 8, refused (ErrImageInUse) while a machine's claim names the image
 	CmdImportMachines                    // 16: Machines, create only; name, serial, BMC and NIC MACs unique (*ImportConflictError)
-	cmdReserved17                        // 17: reserved (agent_report)
+	CmdAgentReport                       // 17: Events + Machines (exactly 1, CAS): the report's events and machine write, both or neither
 	CmdBindLeases                        // 18: Leases; bind/decline/release by address, refused while another client holds it (*AddressTakenError)
+	CmdPutJoinToken                      // 19: JoinToken (hash and TTL; the leader fixes Created/Expires)
+	CmdUseJoinToken                      // 20: JoinToken.Hash, Member (ID, CertSerial): consume a token, admit a node
+	CmdRemoveMember                      // 21: ID: the node's certificate is refused from then on
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -44,7 +47,7 @@ const (
 var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "delete_machine",
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
-	"import_machines", "reserved_17", "bind_leases"}
+	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -88,6 +91,9 @@ type command struct {
 	Leases   []Lease   `json:"leases,omitempty"`
 	Events   []Event   `json:"events,omitempty"`
 	Node     *nodeInfo `json:"node,omitempty"`
+
+	JoinToken *JoinToken `json:"join_token,omitempty"`
+	Member    *Member    `json:"member,omitempty"`
 }
 
 // encodeCommand returns the log-entry bytes: 1 byte CommandType, then the

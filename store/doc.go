@@ -9,7 +9,9 @@
 // Writes are typed, numbered raft commands (CommandType, 1 byte + JSON
 // body). The leader fixes time and IDs before a command is logged, so the
 // apply function is deterministic; a follower forwards writes to the
-// leader over a small HTTP RPC (Config.ForwardAddr). Every record carries
+// leader over a small HTTPS RPC (Config.ForwardAddr). Raft and that RPC run
+// over mutual TLS under a site CA (package pki; join tokens, Enroll,
+// Members, RemoveMember: DESIGN.md "Cluster trust"). Every record carries
 // Meta.ResourceVersion (the raft index of its last write) for
 // compare-and-set; every change appends an Event keyed by (raft index,
 // seq). Machine lifecycle transitions are checked by the FSM against
@@ -17,6 +19,11 @@
 //
 // Reads come from the local replica; Barrier makes a following read
 // current (linearizable with respect to writes acknowledged before it).
+//
+// OpenLocal opens the same Store with no raft (for tests, via
+// storetest.NewLocal, and single-process tools): writes take the same apply
+// path over fsm.db in process, one at a time, with the same indexes and
+// ResourceVersions; raft-only calls fail with ErrNoRaft.
 //
 // Referential rules are decided inside the raft apply, never by a
 // read-then-write of a caller: a claim must name a stored image and an
@@ -33,7 +40,7 @@
 // (*AddressTakenError), *IllegalTransitionError,
 // ErrNotLeader (*NotLeaderError), ErrTimeout, ErrCorrupt (names the file),
 // ErrInconsistentDataDir (names the files and how to recover),
-// ErrUnknownCommand, ErrBadCommand, ErrClosed.
+// ErrUnknownCommand, ErrBadCommand, ErrClosed, ErrNoRaft.
 //
 // Metrics (kiln_store_*): raft_state, last_index, commit_index,
 // applied_index, last_event_index, commit_seconds, commands_total{type},

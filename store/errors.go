@@ -46,6 +46,19 @@ var (
 	ErrClosed = errors.New("store: closed")
 	// ErrTimeout: the write was not committed before ApplyTimeout.
 	ErrTimeout = errors.New("store: timed out")
+	// ErrUnauthenticated: a forward RPC request came without a client
+	// certificate of the site CA (HTTP 401 "unauthenticated").
+	ErrUnauthenticated = errors.New("store: unauthenticated")
+	// ErrJoinToken: a join token was refused: unknown to this cluster,
+	// already used, or expired (the message says which and what to do).
+	ErrJoinToken = errors.New("store: join token refused")
+	// ErrEnrollRefused: Enroll was refused by the cluster (ErrJoinToken's
+	// reasons, or a bad request); retrying with the same token cannot help.
+	ErrEnrollRefused = errors.New("join refused")
+	// ErrNoRaft: a raft-only operation (Join, Remove, JoinVia, Snapshot)
+	// on a store opened with OpenLocal, which has no raft group. Open the
+	// cluster's store with Open instead.
+	ErrNoRaft = errors.New("store: local store (OpenLocal) has no raft")
 )
 
 // NotLeaderError is returned (wrapping ErrNotLeader) when a write or a

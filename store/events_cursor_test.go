@@ -12,7 +12,11 @@ import (
 // A cursor at the largest index returns nothing (after+1 must not wrap to 0
 // and replay the whole log).
 func TestEventsCursorAtMaxIndex(t *testing.T) {
-	st := storetest.NewCluster(t, 1).Nodes[0].Store
+	t.Run("raft", func(t *testing.T) { testEventsCursorAtMaxIndex(t, storetest.NewCluster(t, 1).Nodes[0].Store) })
+	t.Run("local", func(t *testing.T) { testEventsCursorAtMaxIndex(t, storetest.NewLocal(t)) })
+}
+
+func testEventsCursorAtMaxIndex(t *testing.T, st *store.Store) {
 	if _, err := st.PutSite(context.Background(), store.Site{Name: "s"}, store.W{Actor: "t"}); err != nil {
 		t.Fatal(err)
 	}

@@ -14,15 +14,19 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// Forward RPC (HTTP/1.1 on Config.ForwardAddr, between store nodes only):
+// Forward RPC (HTTP/1.1 over TLS 1.3 on Config.ForwardAddr, between store
+// nodes only). Every /raft/ route needs a client certificate of the site CA
+// (else 401 unauthenticated); /cluster/enroll needs a join token instead:
 //
-//	POST /raft/apply    body: encoded command (1 type byte + JSON)  → wireResult
-//	POST /raft/join     body: JSON membership                       → wireResult
-//	POST /raft/remove   body: JSON membership                       → wireResult
-//	POST /raft/barrier  (empty)                                     → wireResult{Index}
+//	POST /raft/apply       body: encoded command (1 type byte + JSON)  → wireResult
+//	POST /raft/join        body: JSON membership                       → wireResult
+//	POST /raft/remove      body: JSON membership                       → wireResult
+//	POST /raft/barrier     (empty)                                     → wireResult{Index}
+//	POST /raft/secrets     body: JSON secretsPush (cluster.go; any node) → wireResult
+//	POST /cluster/enroll   body: JSON enrollRequest (cluster.go)       → enrollReply
 //
-// Only the leader executes; a non-leader answers 503 with code not_leader
-// (it never forwards again, so a request makes at most one hop).
+// Only the leader executes /raft/ routes; a non-leader answers 503 with code
+// not_leader (it never forwards again, so a request makes at most one hop).
 
 type membership struct {
 	ID          string `json:"id"`
@@ -52,7 +56,8 @@ var codeErrs = []struct {
 	{"conflict", ErrConflict}, {"not_found", ErrNotFound}, {"invalid", ErrInvalid},
 	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"unknown_command", ErrUnknownCommand},
 	{"bad_command", ErrBadCommand}, {"not_leader", ErrNotLeader}, {"timeout", ErrTimeout},
-	{"corrupt", ErrCorrupt}, {"closed", ErrClosed},
+	{"corrupt", ErrCorrupt}, {"closed", ErrClosed}, {"unauthenticated", ErrUnauthenticated},
+	{"join_token", ErrJoinToken},
 }
 
 // errCode maps err to its stable code ("internal" if none applies).
@@ -181,7 +186,17 @@ func (s *Store) forwardHandler() http.Handler {
 		}
 		reply(w, http.StatusOK, wireResult{Index: idx})
 	})
-	return mux
+	mux.HandleFunc("POST /cluster/enroll", s.serveEnroll)
+	mux.HandleFunc("POST /raft/secrets", s.serveSecrets)
+	// Only enrollment is open; everything else needs a verified site
+	// certificate (the TLS layer verified the chain and ran peerCheck).
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/cluster/enroll" && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
+			reply(w, http.StatusUnauthorized, wireResult{Error: toWire(fmt.Errorf("%w: %v", ErrUnauthenticated, errUnauthenticated))})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // forward sends c to the leader's forward RPC. It retries (until
@@ -243,7 +258,7 @@ func (s *Store) forwardRetry(ctx context.Context, path string, body []byte, res 
 				break
 			}
 			nle.LeaderForwardAddr = fa
-			status, err := s.post(ctx, "http://"+fa+path, body, res)
+			status, err := s.post(ctx, "https://"+fa+path, body, res)
 			if err == nil && status != http.StatusServiceUnavailable {
 				return nil
 			}
@@ -297,8 +312,11 @@ func (s *Store) post(ctx context.Context, url string, body []byte, res *wireResu
 // A member that is not the leader answers not_leader and the next one is
 // tried; the whole list is retried with backoff until one leader accepts or
 // ctx ends. Used by a new node started without Bootstrap. Errors: ctx's error
-// wrapping the last refusal.
+// wrapping the last refusal; ErrNoRaft on a local store.
 func (s *Store) JoinVia(ctx context.Context, peers []string) error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: JoinVia", ErrNoRaft)
+	}
 	if len(peers) == 0 {
 		return fmt.Errorf("%w: join needs at least one peer forward address", ErrInvalid)
 	}
@@ -309,7 +327,7 @@ func (s *Store) JoinVia(ctx context.Context, peers []string) error {
 		for _, p := range peers {
 			var res wireResult
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			status, err := s.post(pctx, "http://"+p+"/raft/join", body, &res)
+			status, err := s.post(pctx, "https://"+p+"/raft/join", body, &res)
 			cancel()
 			switch {
 			case err != nil:
@@ -333,5 +351,6 @@ func (s *Store) JoinVia(ctx context.Context, peers []string) error {
 }
 
 // HasState reports whether this node's data directory held raft state when
-// it was opened (false for a brand-new node).
+// it was opened (false for a brand-new node); on a local store, whether its
+// fsm.db held applied entries.
 func (s *Store) HasState() bool { return s.hadState }

@@ -579,8 +579,20 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("restore: %w", err)
 	}
 	f.db = db
-	// Drop the index buckets of snapshots written before the machine
-	// indexes moved to memory, then derive the index from the records.
+	if err := f.loadDerived(); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	return nil
+}
+
+// loadDerived brings what the FSM keeps beside f.db in line with a file it
+// did not build itself (a restored snapshot, or OpenLocal's fsm.db): it drops
+// the index buckets of files written before the machine indexes moved to
+// memory, rebuilds the machine index from the machines bucket, loads the
+// applied and last-event indexes, and wakes waiters. Caller holds f.mu (or
+// is the only user of f).
+func (f *fsm) loadDerived() error {
+	db := f.db
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range legacyBuckets {
 			if tx.Bucket(b) != nil {
@@ -591,14 +603,14 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		}
 		return rebuildLeaseAddrs(tx)
 	}); err != nil {
-		return fmt.Errorf("restore: %s: %w", f.path, err)
+		return fmt.Errorf("%s: %w", f.path, err)
 	}
 	var ix *machineIndex
 	if err := db.View(func(tx *bbolt.Tx) (err error) {
 		ix, err = buildMachineIndex(tx)
 		return err
 	}); err != nil {
-		return fmt.Errorf("restore: %s: %w", f.path, err)
+		return fmt.Errorf("%s: %w", f.path, err)
 	}
 	f.ix.mu.Lock()
 	f.ix.mac, f.ix.state, f.ix.ref = ix.mac, ix.state, ix.ref

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"kiln/deploy/lab/testkit"
 	"kiln/store"
 	"kiln/store/storetest"
@@ -17,7 +19,10 @@ import (
 // writes it) race 50 times at once. Never may both succeed, and no machine
 // may end with a claim naming a missing image.
 func TestDeleteImageRacesClaim(t *testing.T) {
-	s, _ := openSingle(t, t.TempDir(), nil)
+	eachStore(t, func(t *testing.T, s *store.Store, _ *prometheus.Registry) { testDeleteImageRacesClaim(t, s) })
+}
+
+func testDeleteImageRacesClaim(t *testing.T, s *store.Store) {
 	ctx := ctxT(t)
 	w := store.W{Actor: "test"}
 	const runs = 50
@@ -88,7 +93,10 @@ func TestDeleteImageRacesClaim(t *testing.T) {
 // TestConcurrentImportsOneWins: imports that share a name race; the check
 // runs inside the raft apply, so exactly one of each pair is stored.
 func TestConcurrentImportsOneWins(t *testing.T) {
-	s, _ := openSingle(t, t.TempDir(), nil)
+	eachStore(t, func(t *testing.T, s *store.Store, _ *prometheus.Registry) { testConcurrentImportsOneWins(t, s) })
+}
+
+func testConcurrentImportsOneWins(t *testing.T, s *store.Store) {
 	ctx := ctxT(t)
 	const runs = 20
 	errs := make([]error, 2*runs)

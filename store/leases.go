@@ -431,8 +431,12 @@ func (s *Store) CanCommit() bool { return s.Ready() }
 
 // VoterIDs returns the raft server IDs of the voters in the latest raft
 // configuration, sorted: the same list on every node that has applied the
-// same configuration (the DHCP load balancing splits clients over it).
+// same configuration (the DHCP load balancing splits clients over it). A
+// local store (OpenLocal) is its one voter, LocalNodeID.
 func (s *Store) VoterIDs() ([]string, error) {
+	if s.raft == nil {
+		return []string{s.cfg.NodeID}, nil
+	}
 	f := s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, fmt.Errorf("store: raft configuration: %w", err)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"kiln/store"
 )
 
@@ -15,7 +17,10 @@ import (
 // slices, upper-case MACs, non-UTC times with monotonic readings, nil vs set
 // pointers).
 func TestPutReturnsStoredRecord(t *testing.T) {
-	s, _ := openSingle(t, t.TempDir(), nil)
+	eachStore(t, func(t *testing.T, s *store.Store, _ *prometheus.Registry) { testPutReturnsStoredRecord(t, s) })
+}
+
+func testPutReturnsStoredRecord(t *testing.T, s *store.Store) {
 	ctx := ctxT(t)
 	w := store.W{Actor: "test", Reason: "intake", Message: "m"}
 	// The claim below must name a stored image (PutMachine's claim rule).

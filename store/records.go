@@ -66,7 +66,7 @@ var transitions = map[MachineState][]MachineState{
 	StateProvisioned:  {StateErasing, StateFailed},
 	StateFailed:       {StateInspecting, StateErasing, StateRetired},
 	StateQuarantined:  {StateInspecting, StateErasing, StateRetired},
-	StateErasing:      {StateAvailable, StateRetired, StateFailed},
+	StateErasing:      {StateAvailable, StateInspecting, StateRetired, StateFailed},
 	StateRetired:      {},
 }
 

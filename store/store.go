@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,8 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/bbolt"
+
+	"kiln/store/pki"
 )
 
 // Defaults used when a Config duration or count is zero.
@@ -62,6 +65,19 @@ type Config struct {
 	TrailingLogs uint64
 	// RaftLogLevel is the hclog level of raft's own log lines ("" = "WARN").
 	RaftLogLevel string
+
+	// Identity is this node's site certificate and key and the site CA
+	// (package pki). Required: raft runs over mutual TLS with it and the
+	// forward RPC is HTTPS requiring a client certificate of the CA. A
+	// bootstrap node makes one with pki.NewSite; a joining node gets one
+	// from Enroll.
+	Identity *pki.Identity
+	// JoinSecrets, when set, gives the site secrets (name → bytes) this
+	// node hands a node it admits (the appliance passes the site key).
+	JoinSecrets func() (map[string][]byte, error)
+	// OnSecrets, when set, stores site secrets a member pushes to this node
+	// (PushSecrets: a rotated site keyring); an error refuses them.
+	OnSecrets func(map[string][]byte) error
 }
 
 // Validate reports a missing required field.
@@ -75,6 +91,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: Config.RaftAddr is empty", ErrInvalid)
 	case c.ForwardAddr == "":
 		return fmt.Errorf("%w: Config.ForwardAddr is empty", ErrInvalid)
+	case c.Identity == nil:
+		return fmt.Errorf("%w: Config.Identity is nil: raft and the forward RPC run only over mutual TLS "+
+			"with a site certificate (pki.NewSite at bootstrap, Enroll when joining)", ErrInvalid)
+	case c.Identity.NodeID() != c.NodeID:
+		return fmt.Errorf("%w: the site certificate names node %q, Config.NodeID is %q", ErrInvalid, c.Identity.NodeID(), c.NodeID)
 	}
 	return nil
 }
@@ -84,13 +105,16 @@ func (c *Config) Validate() error {
 type Store struct {
 	cfg   Config
 	log   *slog.Logger
-	raft  *raft.Raft
+	cons  consensus  // raftConsensus (Open) or *localLog (OpenLocal)
+	raft  *raft.Raft // nil on a local store
 	fsm   *fsm
 	logDB *raftboltdb.BoltStore
 	trans *raft.NetworkTransport
 	fwdLn net.Listener
 	http  *http.Client
 	m     *metrics
+
+	enrollSem chan struct{} // bounds concurrent /cluster/enroll
 
 	leaderCh  chan bool
 	done      chan struct{}
@@ -127,7 +151,9 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 		return nil, fmt.Errorf("store: data dir: %w", err)
 	}
 	s := &Store{cfg: cfg, log: log, leaderCh: make(chan bool, 16), done: make(chan struct{}),
-		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}}
+		enrollSem: make(chan struct{}, maxEnrollInFlight)}
+	s.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
+		TLSClientConfig: cfg.Identity.ClientTLS(s.peerCheck), TLSHandshakeTimeout: handshakeTimeout}}
 	s.baseCtx, s.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -172,13 +198,18 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	s.m = newMetrics()
 	s.fsm.onApplyError = func(code string) { s.m.applyErrors.WithLabelValues(code).Inc() }
 
-	s.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, transportPool, transportTimeout, hlog)
+	stream, err := newTLSStream(cfg.RaftAddr, cfg.Identity.ServerTLS(tls.RequireAndVerifyClientCert, s.peerCheck),
+		cfg.Identity.ClientTLS(s.peerCheck))
 	if err != nil {
 		return nil, fmt.Errorf("store: raft transport on %s: %w", cfg.RaftAddr, err)
 	}
-	if s.fwdLn, err = net.Listen("tcp", cfg.ForwardAddr); err != nil {
+	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: stream,
+		MaxPool: transportPool, Timeout: transportTimeout, Logger: hlog})
+	fwdLn, err := net.Listen("tcp", cfg.ForwardAddr)
+	if err != nil {
 		return nil, fmt.Errorf("store: forward listener on %s: %w", cfg.ForwardAddr, err)
 	}
+	s.fwdLn = tls.NewListener(fwdLn, cfg.Identity.ServerTLS(tls.VerifyClientCertIfGiven, s.peerCheck))
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -207,6 +238,7 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 		return nil, fmt.Errorf("%w: start raft from %s (snapshots in %s): %v", ErrCorrupt, raftPath,
 			filepath.Join(cfg.DataDir, "snapshots"), err)
 	}
+	s.cons = raftConsensus{s}
 	s.hadState = has
 	if !has && cfg.Bootstrap {
 		conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter,
@@ -257,11 +289,22 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 }
 
 // RaftAddr is the address the raft transport listens on (resolved when
-// Config.RaftAddr had port 0).
-func (s *Store) RaftAddr() string { return string(s.trans.LocalAddr()) }
+// Config.RaftAddr had port 0); "" on a local store (OpenLocal).
+func (s *Store) RaftAddr() string {
+	if s.trans == nil {
+		return ""
+	}
+	return string(s.trans.LocalAddr())
+}
 
-// ForwardAddr is the address the forward RPC listens on.
-func (s *Store) ForwardAddr() string { return s.fwdLn.Addr().String() }
+// ForwardAddr is the address the forward RPC listens on; "" on a local
+// store (OpenLocal).
+func (s *Store) ForwardAddr() string {
+	if s.fwdLn == nil {
+		return ""
+	}
+	return s.fwdLn.Addr().String()
+}
 
 // NodeID is Config.NodeID.
 func (s *Store) NodeID() string { return s.cfg.NodeID }
@@ -309,10 +352,19 @@ func (s *Store) forwardAddrOf(id string) (string, error) {
 }
 
 // Run serves the forward RPC on ForwardAddr until ctx ends, then shuts the
-// HTTP server down. It does not close the store (call Close).
+// HTTP server down. It does not close the store (call Close). On a local
+// store (OpenLocal) there is nothing to serve: Run waits for ctx or Close
+// and returns nil.
 func (s *Store) Run(ctx context.Context, log *slog.Logger) error {
 	if !s.runOnce.CompareAndSwap(false, true) {
 		return errors.New("store: Run called twice")
+	}
+	if s.raft == nil {
+		select {
+		case <-ctx.Done():
+		case <-s.done:
+		}
+		return nil
 	}
 	if log == nil {
 		log = s.log
@@ -320,7 +372,8 @@ func (s *Store) Run(ctx context.Context, log *slog.Logger) error {
 		log = log.With("component", "store")
 	}
 	srv := &http.Server{Handler: s.forwardHandler(), ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
+		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)} // TLS handshake refusals land here
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(s.fwdLn) }()
 	log.Info("forward RPC serving", "addr", s.ForwardAddr())
@@ -339,17 +392,16 @@ func (s *Store) Run(ctx context.Context, log *slog.Logger) error {
 	}
 }
 
-// Close stops raft and closes every file and listener. Safe to call twice.
+// Close stops raft (or the local log) and closes every file and listener.
+// Safe to call twice.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		close(s.done)
 		s.cancel()
-		if s.raft != nil {
-			if e := s.raft.Shutdown().Error(); e != nil {
-				err = errors.Join(err, e)
-			}
+		if e := s.cons.stop(); e != nil {
+			err = errors.Join(err, e)
 		}
 		s.wg.Wait()
 		err = errors.Join(err, s.closeParts())
@@ -372,23 +424,31 @@ func (s *Store) closeParts() error {
 	if s.logDB != nil {
 		err = errors.Join(err, s.logDB.Close())
 	}
-	s.http.CloseIdleConnections()
+	if s.http != nil {
+		s.http.CloseIdleConnections()
+	}
 	return err
 }
 
-// IsLeader reports whether this node is the raft leader now.
-func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+// IsLeader reports whether this node is the raft leader now (always true
+// on a local store).
+func (s *Store) IsLeader() bool { return s.cons.isLeader() }
 
 // Leader returns the current leader's raft server ID and raft address, or
-// empty strings when none is known.
-func (s *Store) Leader() (id, raftAddr string) {
-	addr, sid := s.raft.LeaderWithID()
-	return string(sid), string(addr)
-}
+// empty strings when none is known. A local store returns its own NodeID
+// ("local") and an empty address.
+func (s *Store) Leader() (id, raftAddr string) { return s.cons.leader() }
 
 // WaitLeader blocks until a leader is known (and, on a leader, until its
-// forward address is registered) or ctx ends (ctx.Err()).
+// forward address is registered) or ctx ends (ctx.Err()). A local store
+// leads from the start: nil at once (ErrClosed once closed).
 func (s *Store) WaitLeader(ctx context.Context) error {
+	if s.raft == nil {
+		if s.closed.Load() {
+			return ErrClosed
+		}
+		return nil
+	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -412,8 +472,11 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 // index that this node saw at the first moment (since Open) a leader was
 // known (entries the FSM never sees, no-ops and barriers, count as applied
 // once raft has dispatched them: fsmCaughtUp). Once true it stays true
-// while a leader is known; with no leader it is false.
-func (s *Store) Ready() bool {
+// while a leader is known; with no leader it is false. A local store is
+// always Ready.
+func (s *Store) Ready() bool { return s.cons.ready() }
+
+func (s *Store) raftReady() bool {
 	if id, _ := s.Leader(); id == "" {
 		return false
 	}
@@ -466,8 +529,13 @@ const maxReadyGap = 4096
 
 // Stats returns raft's statistics (raft.Raft.Stats: state, term,
 // last_log_index, commit_index, applied_index, last_snapshot_index, ...)
-// plus fsm_applied_index and last_event_index.
+// plus fsm_applied_index and last_event_index. A local store reports
+// state "Leader", mode "local" and its local index as last_log_index,
+// commit_index and applied_index.
 func (s *Store) Stats() map[string]string {
+	if s.raft == nil {
+		return s.cons.(*localLog).stats()
+	}
 	st := s.raft.Stats()
 	st["fsm_applied_index"] = fmt.Sprint(s.fsm.applied.Load())
 	st["last_event_index"] = fmt.Sprint(s.fsm.lastEvent.Load())
@@ -476,11 +544,21 @@ func (s *Store) Stats() map[string]string {
 
 // Snapshot asks raft to take a snapshot now (raft.Raft.Snapshot) and waits
 // for it. Raft refuses when nothing was written since the last one.
-func (s *Store) Snapshot() error { return s.raft.Snapshot().Error() }
+// ErrNoRaft on a local store.
+func (s *Store) Snapshot() error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: Snapshot", ErrNoRaft)
+	}
+	return s.raft.Snapshot().Error()
+}
 
 // Join adds a voter (raft server id at raftAddr) and registers its forward
 // address. On a follower it is forwarded to the leader. Idempotent.
+// ErrNoRaft on a local store.
 func (s *Store) Join(ctx context.Context, id, raftAddr, forwardAddr string) error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: Join %s", ErrNoRaft, id)
+	}
 	if id == "" || raftAddr == "" {
 		return fmt.Errorf("%w: join needs id and raft address", ErrInvalid)
 	}
@@ -509,8 +587,12 @@ func (s *Store) joinLocal(ctx context.Context, id, raftAddr, forwardAddr string)
 }
 
 // Remove removes voter id from the cluster and forgets its forward
-// address. On a follower it is forwarded to the leader.
+// address. On a follower it is forwarded to the leader. ErrNoRaft on a
+// local store.
 func (s *Store) Remove(ctx context.Context, id string) error {
+	if s.raft == nil {
+		return fmt.Errorf("%w: Remove %s", ErrNoRaft, id)
+	}
 	if !s.IsLeader() {
 		err := s.forwardMembership(ctx, "/raft/remove", membership{ID: id})
 		if !errors.Is(err, errSelfLeader) {
@@ -550,8 +632,12 @@ func (s *Store) timeout(ctx context.Context) time.Duration {
 // before the call: on the leader VerifyLeader + raft Barrier; on a follower
 // it asks the leader (forward RPC) for its applied index and waits until
 // the local FSM has applied it. Errors: ErrNotLeader (no reachable
-// leader), ctx.Err().
-func (s *Store) Barrier(ctx context.Context) error {
+// leader), ctx.Err(). On a local store every acknowledged write is
+// already applied: Barrier returns nil (ctx.Err() once ctx has ended,
+// ErrClosed once closed).
+func (s *Store) Barrier(ctx context.Context) error { return s.cons.barrier(ctx) }
+
+func (s *Store) raftBarrier(ctx context.Context) error {
 	if s.IsLeader() {
 		_, err := s.barrierLocal(ctx)
 		if !errors.Is(err, raft.ErrNotLeader) && !errors.Is(err, raft.ErrLeadershipLost) {

@@ -60,11 +60,25 @@ func openSingle(t *testing.T, dir string, reg *prometheus.Registry, mod ...func(
 	return s, stop
 }
 
+// eachStore runs f as two subtests: on a bootstrapped single raft node
+// ("raft", with reg registered) and on a local store ("local",
+// storetest.NewLocal, no metrics, reg nil). Both apply writes through the
+// same FSM, so tests of records, CAS, transitions and events must pass on
+// both alike.
+func eachStore(t *testing.T, f func(t *testing.T, s *store.Store, reg *prometheus.Registry)) {
+	t.Run("raft", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		s, _ := openSingle(t, t.TempDir(), reg)
+		f(t, s, reg)
+	})
+	t.Run("local", func(t *testing.T) { f(t, storetest.NewLocal(t), nil) })
+}
+
 func mac(i int) string { return fmt.Sprintf("02:00:00:%02x:%02x:%02x", i>>16&0xff, i>>8&0xff, i&0xff) }
 
-func TestSingleNodeAPI(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	s, _ := openSingle(t, t.TempDir(), reg)
+func TestSingleNodeAPI(t *testing.T) { eachStore(t, testSingleNodeAPI) }
+
+func testSingleNodeAPI(t *testing.T, s *store.Store, reg *prometheus.Registry) {
 	ctx := ctxT(t)
 	w := store.W{Actor: "test", Reason: "intake"}
 
@@ -230,6 +244,9 @@ func TestSingleNodeAPI(t *testing.T) {
 	}
 	if err := s.Barrier(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if reg == nil {
+		return // a local store has no metrics
 	}
 	// Metrics exist under kiln_store_*.
 	mfs, err := reg.Gather()

@@ -13,8 +13,10 @@ import (
 )
 
 // The write path: every typed write (writes.go) builds a command, prepare
-// fixes its leader-chosen fields, and write applies it through raft on the
-// leader (applyLocal) or forwards it to the leader (forward.go).
+// fixes its leader-chosen fields, and write applies it through the store's
+// consensus (consensus.go): through raft on the leader (applyLocal) or
+// forwarded to the leader (forward.go), or through the local log of a store
+// opened with OpenLocal (local.go).
 
 // randID returns prefix + 16 lower-case hex digits (64 random bits).
 func randID(prefix string) string {
@@ -26,7 +28,9 @@ func randID(prefix string) string {
 }
 
 // prepare fixes everything non-deterministic before the command is logged:
-// the time and any missing record IDs. Only the leader calls it.
+// the time and any missing record IDs (not for an agent report, which never
+// creates a machine: its apply refuses an empty ID). Only the leader calls
+// it.
 func prepare(c *command) {
 	c.Time = time.Now().UTC()
 	setID := func(m *Meta, prefix string) {
@@ -46,8 +50,15 @@ func prepare(c *command) {
 	case c.Job != nil:
 		setID(&c.Job.Meta, "job-")
 	}
+	if c.Type == CmdAgentReport {
+		return
+	}
 	for i := range c.Machines {
 		setID(&c.Machines[i].Meta, "m-")
+	}
+	if c.Type == CmdPutJoinToken && c.JoinToken != nil {
+		c.JoinToken.Created = c.Time
+		c.JoinToken.Expires = c.Time.Add(c.JoinToken.TTL)
 	}
 }
 
@@ -66,7 +77,7 @@ func (s *Store) write(ctx context.Context, c *command) (vals []json.RawMessage, 
 	s.m.commands.WithLabelValues(c.Type.String()).Inc()
 	for attempt := 0; ; attempt++ {
 		if s.IsLeader() {
-			vals, recs, err = s.applyLocal(ctx, c)
+			vals, recs, err = s.cons.commit(ctx, c)
 			if !errors.Is(err, raft.ErrNotLeader) {
 				break
 			}

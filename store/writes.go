@@ -104,6 +104,26 @@ func machinesOut(vals []json.RawMessage, recs []any, err error) ([]Machine, erro
 	return out, nil
 }
 
+// ReportAgent records one agent report in ONE raft command (command 17,
+// agent_report), all-or-nothing: the report's events evs and a
+// compare-and-set write of machine m are stored together or not at all — a
+// refused write stores no event. m must name a stored machine by ID and its
+// current ResourceVersion (a report never creates a machine: an empty ID or
+// ResourceVersion 0 is ErrInvalid); the write has PutMachine's rules (empty
+// State keeps the current one, a state change must pass CanTransition,
+// MACs, claims). The events come first, then the machine's own event
+// ("updated", or "transition" carrying w), all with the write's index (=
+// the returned machine's ResourceVersion, so one feed cursor covers the
+// whole report) and the leader's time; an event's empty Actor, Reason or
+// Message take w's. Every event needs Subject and Kind (ErrInvalid); evs
+// may be empty. Returns the stored machine. Errors: ErrConflict (stale
+// ResourceVersion: re-read the machine and build the report again),
+// ErrNotFound (machine deleted), *IllegalTransitionError, ErrDuplicateMAC,
+// ErrInvalid, ErrNotLeader, ErrTimeout.
+func (s *Store) ReportAgent(ctx context.Context, m Machine, evs []Event, w W) (Machine, error) {
+	return one[Machine](s.write(ctx, &command{Type: CmdAgentReport, W: w, Machines: []Machine{m}, Events: evs}))
+}
+
 // DeleteMachine removes machine id and its index entries (ErrNotFound if
 // absent) and emits a "deleted" event.
 func (s *Store) DeleteMachine(ctx context.Context, id string, w W) error {

@@ -121,8 +121,12 @@ type Registration struct {
 type Action string
 
 const (
-	ActionWait      Action = "wait"      // poll GET /v1/agent/task again after PollAfter
-	ActionInspect   Action = "inspect"   // inventory only (already sent at register); then wait
+	ActionWait Action = "wait" // poll GET /v1/agent/task again after PollAfter
+	// ActionInspect: send the inventory. In answer to a registration (which has just sent
+	// it) the inspection is done: wait. In answer to a poll, the running agent inspects
+	// again: step inspect started, the inventory collected anew and sent with POST
+	// /v1/agent/register, whose answer is the next task.
+	ActionInspect   Action = "inspect"
 	ActionProvision Action = "provision" // run the gated build
 	ActionErase     Action = "erase"
 	ActionPowerOff  Action = "poweroff"

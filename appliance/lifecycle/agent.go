@@ -275,7 +275,9 @@ func validReport(rep agentapi.Report) error {
 // event (message sanitised, truncated to agentapi.MaxMessageLen bytes),
 // Machine.Step with the step's deadline, and the resulting transition:
 // failed → machine failed (reason = the report's reason); erase succeeded
-// while erasing → available (erase_complete). Finalize (or reboot)
+// while erasing → available (erase_complete), or inspecting
+// (erase_complete, step inspect pending) when reinspectAfterErase says the
+// machine must be inspected again first. Finalize (or reboot)
 // succeeded while provisioning moves nothing: the machine stays
 // provisioning with Reason build_complete (the durable "build complete"
 // marker) and Step.Deadline = now + RebootTimeout; later reports (the
@@ -352,9 +354,18 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 			m.Reason, m.Message = ReasonBuildComplete, msgRebooting
 			m.Step.Deadline = now.Add(c.cfg.RebootTimeout)
 		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase:
+			m.Claim = nil
+			if why := reinspectAfterErase(*m); why != "" {
+				// Not trusted yet: the running agent inspects again (its
+				// next poll gets the inspect task), then finishInspection
+				// decides available or quarantined.
+				m.State = store.StateInspecting
+				m.Reason, m.Message = ReasonEraseComplete, "erased; inspecting again: "+why
+				m.Step = pendingStep(agentapi.StepInspect, now, c.stepDeadline(agentapi.StepInspect, now))
+				break
+			}
 			m.State = store.StateAvailable
 			m.Reason, m.Message = ReasonEraseComplete, ""
-			m.Claim = nil
 			m.Step.Deadline = time.Time{}
 		}
 		return nil

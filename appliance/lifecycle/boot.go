@@ -154,8 +154,8 @@ func (c *Controller) bootedLocal(ctx context.Context, id string) Boot {
 }
 
 // discover records an unknown MAC as a discovered machine and boots the
-// agent. The record follows the DHCP path's convention (appliance
-// dhcp_adapter.go): no Name, label kiln.io/discovered-by=ipxe, the MAC in
+// agent. The record follows the DHCP path's convention (DiscoverDHCP):
+// no Name, label kiln.io/discovered-by=ipxe, the MAC in
 // Intended.NICs so the boot path finds it again. Discovery is limited per
 // node by a token bucket (DiscoverRate/s, DiscoverBurst) and site-wide by
 // MaxDiscovered machines in state discovered; a refused discovery answers
@@ -170,49 +170,34 @@ func (c *Controller) discover(ctx context.Context, mac string) (Boot, error) {
 	return b, err
 }
 
-// discoverLocked is discover under discMu, so the cap check and the write
-// are not interleaved with another discovery on this node. known: the MAC
-// has a record now.
+// discoverLocked records mac as discovered with a new boot token
+// (recordDiscovered: under the discovery limits). known: the MAC has a
+// record now.
 func (c *Controller) discoverLocked(ctx context.Context, mac string) (b Boot, known bool, err error) {
-	c.discMu.Lock()
-	defer c.discMu.Unlock()
-	if _, err := c.st.MachineByMAC(mac); err == nil {
-		return Boot{}, true, nil
-	}
-	if !c.discoverToken() {
-		c.m.discDropped.WithLabelValues(dropRate).Inc()
-		c.logger().Debug("discovery refused: rate limit", "mac", mac)
-		return Boot{Action: BootLocal}, false, nil
-	}
-	counts, err := c.st.CountByState()
-	if err != nil {
-		return Boot{}, false, fmt.Errorf("lifecycle: discover %s: count: %w", mac, err)
-	}
-	if n := counts[store.StateDiscovered]; n >= c.cfg.MaxDiscovered {
-		c.m.discDropped.WithLabelValues(dropCap).Inc()
-		c.logger().Debug("discovery refused: discovered cap reached", "mac", mac, "discovered", n)
-		return Boot{Action: BootLocal}, false, nil
-	}
-	tok, err := c.newToken()
-	if err != nil {
+	var tok string
+	out, res, err := c.recordDiscovered(ctx, mac, store.W{Actor: ActorController, Reason: ReasonDiscovered},
+		func() (store.Machine, error) {
+			var err error
+			if tok, err = c.newToken(); err != nil {
+				return store.Machine{}, err
+			}
+			return store.Machine{
+				State:         store.StateDiscovered,
+				Reason:        ReasonDiscovered,
+				Labels:        map[string]string{LabelDiscoveredBy: DiscoveredByIPXE},
+				Intended:      store.Hardware{NICs: []store.NIC{{MAC: mac}}},
+				BootTokenHash: tokenHash(tok),
+			}, nil
+		})
+	switch {
+	case err != nil:
 		return Boot{}, false, err
+	case res == discKnown:
+		return Boot{}, true, nil
+	case res == discRefused:
+		return Boot{Action: BootLocal}, false, nil
 	}
-	hash := tokenHash(tok)
-	m := store.Machine{
-		State:         store.StateDiscovered,
-		Reason:        ReasonDiscovered,
-		Labels:        map[string]string{LabelDiscoveredBy: DiscoveredByIPXE},
-		Intended:      store.Hardware{NICs: []store.NIC{{MAC: mac}}},
-		BootTokenHash: hash,
-	}
-	out, err := c.st.PutMachine(ctx, m, store.W{Actor: ActorController, Reason: ReasonDiscovered})
-	if err != nil {
-		if again, gerr := c.st.MachineByMAC(mac); gerr == nil && again.ID != "" {
-			return Boot{}, true, nil
-		}
-		return Boot{}, false, fmt.Errorf("lifecycle: discover %s: %w", mac, err)
-	}
-	c.issued(out.ID, hash)
+	c.issued(out.ID, out.BootTokenHash)
 	c.logger().Info("discovered unknown machine", "machine", out.ID, "mac", mac)
 	return Boot{Action: BootDiscover, MachineID: out.ID, Token: tok}, false, nil
 }

@@ -37,7 +37,7 @@ func expectHeld(t *testing.T, h *harness, mac, id, tok string) {
 // keeps working; once the agent is silent for AgentLiveWindow, a genuine
 // reboot gets a new token.
 func TestBootForKeepsLiveAgent(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	if w := h.c.AgentLiveWindow(); w != 2*DefaultAgentHeartbeat {
 		t.Fatalf("default live window %v, want 2×heartbeat", w)
@@ -117,7 +117,7 @@ func TestAgentLiveWindowConfig(t *testing.T) {
 		{5 * time.Minute, 0, 5 * time.Minute},
 		{10 * time.Second, 20 * time.Second, 40 * time.Second},
 	} {
-		h := newHarness(t, newFakeStore(), func(c *Config) { c.AgentStaleAfter, c.AgentHeartbeat = tc.stale, tc.hb })
+		h := newHarness(t, newStore(t), func(c *Config) { c.AgentStaleAfter, c.AgentHeartbeat = tc.stale, tc.hb })
 		if got := h.c.AgentLiveWindow(); got != tc.want {
 			t.Errorf("stale %v heartbeat %v: window %v, want %v", tc.stale, tc.hb, got, tc.want)
 		}
@@ -130,7 +130,7 @@ func TestAgentLiveWindowConfig(t *testing.T) {
 // conservatively — but never longer than AgentLiveWindow, and never a
 // machine with no token outstanding.
 func TestBootForOtherNode(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil) // node A: issues the token, hears the agent
 	regB := prometheus.NewRegistry()
 	other, err := New(h.c.cfg, f, nil, regB)
@@ -197,7 +197,7 @@ func TestBootForOtherNode(t *testing.T) {
 // through its BMC (agent gone by construction), the next netboot gets a
 // token at once even though the agent was heard from moments earlier.
 func TestBootForPowerCycleEndsAgent(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	a := importPlan(t, h)[0]
 	const mac = "52:54:00:00:00:0a"
@@ -223,7 +223,7 @@ func TestBootForPowerCycleEndsAgent(t *testing.T) {
 // DiscoverBurst at once and DiscoverRate per second after; the rest get
 // the exit answer (BootLocal, no record) and count as dropped{rate}.
 func TestDiscoveryRateLimit(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, func(c *Config) { c.DiscoverRate, c.DiscoverBurst = 2, 20 })
 	discover := func(from, n int) (created int) {
 		for i := from; i < from+n; i++ {
@@ -276,7 +276,7 @@ func TestDiscoveryRateLimit(t *testing.T) {
 // created them, the DHCP path included) BootFor records no more; a
 // discovered machine moving on frees a place.
 func TestDiscoveryCap(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, func(c *Config) { c.MaxDiscovered = 3; c.DiscoverBurst = 1000 })
 	// One discovered by the DHCP path.
 	_, err := f.PutMachine(bg, store.Machine{State: store.StateDiscovered,
@@ -364,7 +364,7 @@ func TestDiscoveryConfigValidate(t *testing.T) {
 	} {
 		cfg := Config{ImageBaseURL: "http://10.99.0.1:8080"}
 		mod(&cfg)
-		if _, err := New(cfg, newFakeStore(), nil, nil); !errors.Is(err, ErrConfig) {
+		if _, err := New(cfg, newStore(t), nil, nil); !errors.Is(err, ErrConfig) {
 			t.Errorf("config %+v: err %v", cfg, err)
 		}
 	}

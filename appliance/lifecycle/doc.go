@@ -20,6 +20,7 @@
 //	provisioning+build_complete ─(no netboot within RebootTimeout)─▶ provisioned            reason reboot_unobserved
 //	provisioning|inspecting|erasing ─(step failed / deadline passed)─▶ failed   reason = step reason | timeout
 //	provisioned ─(Release)─▶ erasing ─(erase succeeded)─▶ available
+//	quarantined ─(Erase)─▶ erasing ─(erase succeeded)─▶ inspecting     reason erase_complete; the running agent inspects again
 //
 // A provisioning machine whose Reason is build_complete has its image
 // written, verified, staged and finalized; the agent then reboots it
@@ -56,9 +57,16 @@
 // bucket per node) and only while fewer than MaxDiscovered machines are in
 // state discovered (site-wide, counted from the store, whichever path made
 // them). Over a limit BootFor answers as UnknownMachines=exit (BootLocal,
-// no record). Discovered records follow the DHCP path's convention: no
-// Name, label kiln.io/discovered-by=ipxe (the DHCP path writes =dhcp and
-// kiln.io/arch; BootFor does not know the architecture).
+// no record). DiscoverDHCP, for unknown MACs the DHCP server saw, takes
+// the same limits. Discovered records have no Name and the label
+// kiln.io/discovered-by=ipxe (BootFor) or =dhcp (DiscoverDHCP, with
+// kiln.io/arch and kiln.io/vendor-class; BootFor does not know the
+// architecture).
+//
+// This package is the only writer of machine records: transitions,
+// CreateMachine and UpdateIntended (the operator's intended fields, checked
+// by package rules), imports, claims, discovery and the BMC inventory read
+// after EnrollBMC. Service is the domain as the REST API sees it.
 //
 // Every transition is written with store.W{Actor, Reason}; the store appends
 // the "transition" event. Agent step reports become "step" events and BMC

@@ -12,7 +12,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,6 +256,76 @@ func inventory(m store.Machine) agentapi.Inventory {
 		inv.NICs = append(inv.NICs, agentapi.NIC{Name: fmt.Sprintf("eth%d", i), MAC: n.MAC, LinkUp: true})
 	}
 	return inv
+}
+
+// newStore is the store of these tests: the real one, local
+// (storetest.NewLocal: the store's own apply path over a bbolt file in a
+// temp dir, no raft), closed when the test ends.
+func newStore(t testing.TB) *store.Store { return storetest.NewLocal(t) }
+
+// leaderFlag is the real store with IsLeader overridden, so a test can show
+// the controller a store that is not the leader (writes still go to the
+// store, as they would be forwarded).
+type leaderFlag struct {
+	*store.Store
+	follower atomic.Bool
+}
+
+func (l *leaderFlag) IsLeader() bool      { return !l.follower.Load() && l.Store.IsLeader() }
+func (l *leaderFlag) setLeader(lead bool) { l.follower.Store(!lead) }
+
+// allEvents returns every event s holds, oldest first.
+func allEvents(t testing.TB, s *store.Store) []store.Event {
+	t.Helper()
+	return eventsAfter(t, s, 0)
+}
+
+// eventsAfter returns every event of s with Index > after, oldest first.
+func eventsAfter(t testing.TB, s *store.Store, after uint64) []store.Event {
+	t.Helper()
+	var out []store.Event
+	for {
+		page, err := s.Events(after, 0)
+		must(t, err)
+		if len(page) == 0 {
+			return out
+		}
+		out = append(out, page...)
+		after = page[len(page)-1].Index
+	}
+}
+
+// allJobs returns every job s holds in the order they were created (by the
+// index of each job's first event; job IDs are random).
+func allJobs(t testing.TB, s *store.Store) []store.Job {
+	t.Helper()
+	jobs, err := s.ListJobs("")
+	must(t, err)
+	first := map[string]uint64{}
+	for _, ev := range allEvents(t, s) {
+		if id, ok := strings.CutPrefix(ev.Subject, "job/"); ok {
+			if _, seen := first[id]; !seen {
+				first[id] = ev.Index
+			}
+		}
+	}
+	sort.SliceStable(jobs, func(i, j int) bool { return first[jobs[i].ID] < first[jobs[j].ID] })
+	return jobs
+}
+
+// seed stores m (created registered) and moves it to state through legal
+// transitions (pathTo): set-up under the real store's rules.
+func seed(t testing.TB, s *store.Store, m store.Machine, state store.MachineState) store.Machine {
+	t.Helper()
+	m.State = ""
+	out, err := s.PutMachine(bg, m, store.W{Actor: "test", Reason: "setup"})
+	must(t, err)
+	for _, st := range pathTo(state) {
+		out.State = st
+		out, err = s.PutMachine(bg, out, store.W{Actor: "test", Reason: "setup"})
+		must(t, err)
+	}
+	return out
 }
 
 // openRealStore opens a single-node bbolt+raft store in a temp dir and waits

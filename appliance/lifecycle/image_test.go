@@ -46,7 +46,7 @@ func TestCompressedUploadIsDecodedAndChecked(t *testing.T) {
 	zs.Write(raw)
 	zs.Close()
 	sum, size := hexSum(raw), uint64(len(raw))
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	dir := h.c.cfg.Catalog.(dirCatalog).dir
 	for _, c := range []struct {
@@ -100,7 +100,7 @@ func TestCompressedUploadStopsItsDecoder(t *testing.T) {
 	zw := gzip.NewWriter(&gzb)
 	zw.Write(raw)
 	zw.Close()
-	h := newHarness(t, newFakeStore(), func(c *Config) { c.Catalog = stopAfter{n: 100} })
+	h := newHarness(t, newStore(t), func(c *Config) { c.Catalog = stopAfter{n: 100} })
 	before := runtime.NumGoroutine()
 	for i := 0; i < 20; i++ {
 		_, err := h.c.UploadImage(bg, store.Image{Name: "x.gz", Version: "1", Format: "gzip", SHA256: hexSum(raw), Size: uint64(len(raw))},
@@ -122,7 +122,7 @@ func TestCompressedUploadStopsItsDecoder(t *testing.T) {
 // ID; the same upload again returns the stored image without reading the
 // body; other content under the ID is a conflict.
 func TestPutUnderChosenID(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	data := []byte(strings.Repeat("image ", 1000))
 	meta := store.Image{Meta: store.Meta{ID: "os-1"}, Name: "os-1.raw", Version: "1", SHA256: hexSum(data)}

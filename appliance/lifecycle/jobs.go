@@ -36,6 +36,7 @@ const (
 	ReasonReleased            = "released"
 	ReasonEraseRequested      = "erase_requested"
 	ReasonEraseComplete       = "erase_complete"
+	ReasonEraseQuarantined    = "erase_quarantined" // erasing a quarantined machine: inspected again after the erase
 	ReasonTimeout             = "timeout"
 	ReasonBMCFailed           = "bmc_failed"
 	ReasonAgentRestarted      = "agent_restarted"
@@ -177,7 +178,11 @@ func setJob(j store.Job, state, reason, msg string) store.Job {
 	return j
 }
 
+// finishJob records j's end. The write is not abandoned when ctx ends (the
+// store's ApplyTimeout bounds it): a job the controller stops must end
+// failed, not stay pending or running.
 func (c *Controller) finishJob(ctx context.Context, j store.Job, state, reason, msg string) {
+	ctx = context.WithoutCancel(ctx)
 	if _, err := c.st.PutJob(ctx, setJob(j, state, reason, msg), store.W{Actor: ActorController, Reason: reason}); err != nil {
 		c.logger().Warn("job update", "job", j.ID, "machine", j.Machine, "kind", j.Kind, "err", err)
 	}

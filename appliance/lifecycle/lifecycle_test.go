@@ -67,26 +67,23 @@ func pathTo(s store.MachineState) []store.MachineState {
 }
 
 // TestTransitionTable drives every (from, to) pair of store.AllStates²
-// through the controller's write path, against the fake and the real
+// through the controller's write path, against the local and the raft
 // store: legal pairs succeed and record one transition event with actor and
 // reason; illegal pairs are refused with an error naming both states and
 // leave the machine unchanged.
 func TestTransitionTable(t *testing.T) {
-	for _, kind := range []string{"fake", "real"} {
+	for _, kind := range []string{"local", "raft"} {
 		t.Run(kind, func(t *testing.T) {
-			var st Store
-			var events func() []store.Event
-			if kind == "fake" {
-				f := newFakeStore()
-				st, events = f, f.allEvents
+			var st *store.Store
+			if kind == "local" {
+				st = newStore(t)
 			} else {
 				if testing.Short() {
-					t.Skip("short: real store")
+					t.Skip("short: raft store")
 				}
-				s := openRealStore(t)
-				st = s
-				events = func() []store.Event { ev, err := s.Events(0, 1<<20); must(t, err); return ev }
+				st = openRealStore(t)
 			}
+			events := func() []store.Event { return allEvents(t, st) }
 			h := newHarness(t, st, nil)
 			legal, illegal := 0, 0
 			// Build one machine per (from, to) pair in state from through
@@ -195,7 +192,7 @@ func must(t testing.TB, err error) {
 // provisioning) → reboot report → netboot answered with the local disk →
 // provisioned (booted_local_disk) → release → erasing → erase → available.
 func TestFastTrackFlow(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	ms := importPlan(t, h)
 	a := ms[0]
@@ -213,7 +210,7 @@ func TestFastTrackFlow(t *testing.T) {
 	if calls := h.bmc.Calls(); len(calls) != 2 || calls[0] != "boot_pxe "+a.ID || calls[1] != "power_cycle "+a.ID {
 		t.Fatalf("bmc calls %v", calls)
 	}
-	jobs := f.allJobs()
+	jobs := allJobs(t, f)
 	if len(jobs) != 2 || jobs[0].State != JobSucceeded || jobs[1].State != JobSucceeded {
 		t.Fatalf("jobs %+v", jobs)
 	}
@@ -300,7 +297,7 @@ func TestFastTrackFlow(t *testing.T) {
 		t.Fatalf("task after build %+v %v", task, err)
 	}
 	// The post-reboot iPXE fetch: exit to disk, and now provisioned.
-	evBefore := len(f.allEvents())
+	evBefore := len(allEvents(t, f))
 	boot, err = h.c.BootFor(bg, "52:54:00:00:01:0a")
 	must(t, err)
 	if boot.Action != BootLocal || boot.Token != "" || boot.MachineID != a.ID {
@@ -311,7 +308,7 @@ func TestFastTrackFlow(t *testing.T) {
 		t.Fatalf("booted local: reason %q step %+v", m.Reason, m.Step)
 	}
 	var trans []store.Event
-	for _, ev := range f.allEvents()[evBefore:] {
+	for _, ev := range allEvents(t, f)[evBefore:] {
 		if ev.Kind == "transition" {
 			trans = append(trans, ev)
 		}
@@ -371,7 +368,7 @@ func TestFastTrackFlow(t *testing.T) {
 		t.Fatalf("jobs metric %v", v)
 	}
 	// Every transition event carries an actor and a reason.
-	for _, ev := range f.allEvents() {
+	for _, ev := range allEvents(t, f) {
 		if ev.Kind == "transition" && (ev.Actor == "" || ev.Reason == "") {
 			t.Fatalf("transition without actor/reason: %+v", ev)
 		}
@@ -381,7 +378,7 @@ func TestFastTrackFlow(t *testing.T) {
 // TestAgentWithoutBMC: a registered machine without BMC goes inspecting when
 // its agent registers, and a blocking mismatch quarantines it.
 func TestAgentWithoutBMC(t *testing.T) {
-	h := newHarness(t, newFakeStore(), nil)
+	h := newHarness(t, newStore(t), nil)
 	ms := importPlan(t, h)
 	b := ms[1]
 	inv := inventory(b)
@@ -425,7 +422,7 @@ func TestAgentWithoutBMC(t *testing.T) {
 }
 
 func TestDiffPolicyOverride(t *testing.T) {
-	h := newHarness(t, newFakeStore(), func(c *Config) {
+	h := newHarness(t, newStore(t), func(c *Config) {
 		c.DiffPolicy = map[string]Policy{FieldSerial: PolicyWarn, FieldCPUs: PolicyBlock, FieldDisks: PolicyIgnore}
 	})
 	ms := importPlan(t, h)
@@ -442,10 +439,10 @@ func TestDiffPolicyOverride(t *testing.T) {
 	_, err = h.c.AgentRegister(bg, ms[0].ID, agentapi.Registration{Inventory: inv})
 	must(t, err)
 	h.mustState(ms[0].ID, store.StateQuarantined)
-	if _, err := New(Config{ImageBaseURL: "http://x", DiffPolicy: map[string]Policy{"colour": PolicyBlock}}, newFakeStore(), nil, nil); !errors.Is(err, ErrConfig) {
+	if _, err := New(Config{ImageBaseURL: "http://x", DiffPolicy: map[string]Policy{"colour": PolicyBlock}}, newStore(t), nil, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("bad policy field: %v", err)
 	}
-	if _, err := New(Config{ImageBaseURL: "ftp://x"}, newFakeStore(), nil, nil); !errors.Is(err, ErrConfig) {
+	if _, err := New(Config{ImageBaseURL: "ftp://x"}, newStore(t), nil, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("bad url: %v", err)
 	}
 }
@@ -453,7 +450,7 @@ func TestDiffPolicyOverride(t *testing.T) {
 // TestDeadlines: a step past its deadline fails the machine with reason
 // timeout; heartbeats do not extend a step's deadline.
 func TestDeadlines(t *testing.T) {
-	h := newHarness(t, newFakeStore(), func(c *Config) {
+	h := newHarness(t, newStore(t), func(c *Config) {
 		c.StepDeadlines = map[string]time.Duration{"write": time.Minute}
 	})
 	ms := importPlan(t, h)
@@ -492,7 +489,7 @@ func TestDeadlines(t *testing.T) {
 
 // TestStepFailure: a failed report fails the machine with the report's reason.
 func TestStepFailure(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	ms := importPlan(t, h)
 	a := ms[0]
@@ -512,7 +509,7 @@ func TestStepFailure(t *testing.T) {
 	if m.Reason != string(agentapi.ReasonVerifyMismatch) {
 		t.Fatalf("reason %q", m.Reason)
 	}
-	evs := f.allEvents()
+	evs := allEvents(t, f)
 	var step store.Event
 	for _, e := range evs {
 		if e.Kind == "step" {
@@ -543,7 +540,7 @@ func TestStepFailure(t *testing.T) {
 // TestBMCFailure: a failing BMC leaves a registered machine registered with
 // reason bmc_failed, retried with backoff; a failure during Inspect fails it.
 func TestBMCFailure(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, func(c *Config) { c.BMCBackoff = time.Hour })
 	ms := importPlan(t, h)
 	a := ms[0]
@@ -563,7 +560,7 @@ func TestBMCFailure(t *testing.T) {
 	if calls := h.bmc.Calls(); len(calls) != 1 {
 		t.Fatalf("calls during backoff %v", calls)
 	}
-	jobs := f.allJobs()
+	jobs := allJobs(t, f)
 	if len(jobs) != 2 || jobs[0].State != JobFailed || jobs[0].Reason != ReasonBMCFailed || jobs[1].State != JobFailed || jobs[1].Reason != "skipped" {
 		t.Fatalf("jobs %+v", jobs)
 	}
@@ -579,7 +576,7 @@ func TestBMCFailure(t *testing.T) {
 }
 
 func TestBootForUnknownAndNetbootOff(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	boot, err := h.c.BootFor(bg, "52-54-00-AA-BB-CC")
 	must(t, err)
@@ -618,7 +615,7 @@ func TestBootForUnknownAndNetbootOff(t *testing.T) {
 		t.Fatalf("bad mac %v", err)
 	}
 
-	h2 := newHarness(t, newFakeStore(), func(c *Config) { c.UnknownMachines = UnknownExit })
+	h2 := newHarness(t, newStore(t), func(c *Config) { c.UnknownMachines = UnknownExit })
 	boot, err = h2.c.BootFor(bg, "52:54:00:aa:bb:cc")
 	must(t, err)
 	if boot.Action != BootLocal || boot.MachineID != "" {
@@ -629,7 +626,7 @@ func TestBootForUnknownAndNetbootOff(t *testing.T) {
 // TestDuplicateMACOnOtherMachine: an agent reporting a NIC recorded on
 // another machine (swapped cabling) quarantines rather than erroring.
 func TestDuplicateMACOnOtherMachine(t *testing.T) {
-	h := newHarness(t, newFakeStore(), nil)
+	h := newHarness(t, newStore(t), nil)
 	ms := importPlan(t, h)
 	inv := inventory(ms[1])
 	inv.NICs = append(inv.NICs, agentapi.NIC{Name: "eth9", MAC: "52:54:00:00:01:0a"}) // node-a's second NIC
@@ -642,20 +639,20 @@ func TestDuplicateMACOnOtherMachine(t *testing.T) {
 }
 
 func TestClaimMachines(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	img := h.image("img.raw")
 	var ids []string
 	for i := 0; i < 6; i++ {
-		m := f.seed(store.Machine{Meta: store.Meta{ID: fmt.Sprintf("m-%02d", i)}, State: store.StateAvailable,
-			Rack: fmt.Sprintf("r%d", i%3), Labels: map[string]string{"pool": map[bool]string{true: "gpu", false: "cpu"}[i < 5]}})
+		m := seed(t, f, store.Machine{Meta: store.Meta{ID: fmt.Sprintf("m-%02d", i)},
+			Rack: fmt.Sprintf("r%d", i%3), Labels: map[string]string{"pool": map[bool]string{true: "gpu", false: "cpu"}[i < 5]}}, store.StateAvailable)
 		ids = append(ids, m.ID)
 	}
-	before := len(f.allEvents())
+	before := len(allEvents(t, f))
 	if _, err := h.c.ClaimMachines(bg, "worker", map[string]string{"pool": "gpu"}, 6, store.Claim{Image: img.ID}, store.W{}); !errors.Is(err, ErrNotEnough) {
 		t.Fatalf("want not enough: %v", err)
 	}
-	if len(f.allEvents()) != before {
+	if len(allEvents(t, f)) != before {
 		t.Fatal("a refused claim wrote something")
 	}
 	got, err := h.c.ClaimMachines(bg, "worker", map[string]string{"pool": "gpu"}, 3, store.Claim{Image: img.ID}, store.W{Actor: "capi"})
@@ -690,7 +687,7 @@ func TestClaimMachines(t *testing.T) {
 }
 
 func TestEnrollBMCSealsPassword(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	ms := importPlan(t, h)
 	b, err := h.c.EnrollBMC(bg, ms[0].ID, store.BMC{Address: "bmc-r01-10.hall1:443", Driver: "redfish", Username: "root"}, "calvin", store.W{Actor: "alice"})
@@ -698,7 +695,8 @@ func TestEnrollBMCSealsPassword(t *testing.T) {
 	if b.CredentialRef != "bmc/"+ms[0].ID || b.ID == "" || h.get(ms[0].ID).BMC != b.ID {
 		t.Fatalf("bmc %+v", b)
 	}
-	sealed := f.secrets[b.CredentialRef]
+	sealed, err := f.Secret(b.CredentialRef)
+	must(t, err)
 	if len(sealed) == 0 || strings.Contains(string(sealed), "calvin") {
 		t.Fatal("credential not sealed")
 	}
@@ -725,7 +723,7 @@ func TestEnrollBMCSealsPassword(t *testing.T) {
 }
 
 func TestUploadAndDeleteImage(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	data := strings.Repeat("kiln image bytes ", 4096)
 	sum := sha256.Sum256([]byte(data))
@@ -766,7 +764,7 @@ func TestUploadAndDeleteImage(t *testing.T) {
 // the first streams, so it cannot replace the first one's catalog file, and
 // exactly one image is recorded, with the digest of the file on disk.
 func TestConcurrentUploadSameName(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	a := strings.Repeat("image A ", 8192)
 	b := strings.Repeat("image B ", 8192)
@@ -898,7 +896,7 @@ func TestImport2000RowsOneStoredDuplicate(t *testing.T) {
 
 // TestLeaderOnly: the loop does nothing while the store is not leader.
 func TestLeaderOnly(t *testing.T) {
-	f := newFakeStore()
+	f := &leaderFlag{Store: newStore(t)}
 	h := newHarness(t, f, nil)
 	ms := importPlan(t, h)
 	_, err := h.c.EnrollBMC(bg, ms[0].ID, store.BMC{Address: "10.99.1.10", Username: "u"}, "p", store.W{})
@@ -997,7 +995,7 @@ func TestRealStoreFlow(t *testing.T) {
 // all at once (the queue is bounded), and stopping the controller closes
 // every job it had queued as failed.
 func TestGradualPowerOnAndShutdown(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, func(c *Config) { c.Workers = 1 })
 	h.bmc.gate = make(chan struct{})
 	var b strings.Builder
@@ -1017,14 +1015,14 @@ func TestGradualPowerOnAndShutdown(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // ~10 ticks
 	h.bmc.gate <- struct{}{}           // let one BMC call through
 	time.Sleep(50 * time.Millisecond)
-	jobs := f.allJobs()
+	jobs := allJobs(t, f)
 	// 1 running sequence + at most Workers×queuePerWorker queued, 2 jobs each.
 	if max := 2 * (1 + 1*queuePerWorker + 1); len(jobs) > max || len(jobs) < 4 {
 		t.Fatalf("%d jobs created for 30 machines, want 4..%d", len(jobs), max)
 	}
 	cancel()
 	must(t, <-done)
-	for _, j := range f.allJobs() {
+	for _, j := range allJobs(t, f) {
 		if j.State != JobFailed && j.State != JobSucceeded {
 			t.Fatalf("job %s left %s after shutdown", j.ID, j.State)
 		}
@@ -1061,7 +1059,7 @@ func buildThrough(t *testing.T, h *harness, a store.Machine) {
 // completed — not failed, even when the reboot step's own deadline is
 // shorter — and a later netboot still gets the local disk.
 func TestRebootUnobserved(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, func(c *Config) {
 		c.RebootTimeout = 90 * time.Second
 		c.StepDeadlines = map[string]time.Duration{"reboot": 30 * time.Second}
@@ -1100,7 +1098,7 @@ func TestRebootUnobserved(t *testing.T) {
 		}
 	}
 	var got []string
-	for _, ev := range f.allEvents() {
+	for _, ev := range allEvents(t, f) {
 		if ev.Kind == "transition" && ev.To == string(store.StateProvisioned) {
 			got = append(got, ev.From+">"+ev.To+" "+ev.Reason+" "+ev.Actor)
 		}
@@ -1115,14 +1113,14 @@ func TestRebootUnobserved(t *testing.T) {
 	// Far later the loop changes nothing; a netboot now is simply local.
 	h.clk.Advance(3 * time.Hour)
 	must(t, h.c.Tick(bg))
-	n := len(f.allEvents())
+	n := len(allEvents(t, f))
 	boot, err := h.c.BootFor(bg, "52:54:00:00:00:0a")
 	must(t, err)
 	if boot.Action != BootLocal || boot.Token != "" {
 		t.Fatalf("boot %+v", boot)
 	}
-	if m := h.mustState(a.ID, store.StateProvisioned); m.Reason != ReasonRebootUnobserved || len(f.allEvents()) != n {
-		t.Fatalf("late boot moved the record: %q, events %d→%d", m.Reason, n, len(f.allEvents()))
+	if m := h.mustState(a.ID, store.StateProvisioned); m.Reason != ReasonRebootUnobserved || len(allEvents(t, f)) != n {
+		t.Fatalf("late boot moved the record: %q, events %d→%d", m.Reason, n, len(allEvents(t, f)))
 	}
 }
 
@@ -1132,7 +1130,7 @@ func TestRebootUnobserved(t *testing.T) {
 // it provisioned (booted_local_disk), so RebootTimeout never fires; a
 // failed reboot report before the netboot fails the machine as usual.
 func TestBuiltMachineBootsLocal(t *testing.T) {
-	f := newFakeStore()
+	f := newStore(t)
 	h := newHarness(t, f, nil)
 	ms := importPlan(t, h)
 	a, b := ms[0], ms[1]
@@ -1155,7 +1153,7 @@ func TestBuiltMachineBootsLocal(t *testing.T) {
 		t.Fatalf("after tick: reason %q", m.Reason)
 	}
 	n := 0
-	for _, ev := range f.allEvents() {
+	for _, ev := range allEvents(t, f) {
 		if ev.Kind == "transition" && ev.Subject == "machine/"+a.ID && ev.To == string(store.StateProvisioned) {
 			n++
 		}
@@ -1172,12 +1170,12 @@ func TestBuiltMachineBootsLocal(t *testing.T) {
 }
 
 func TestRebootTimeoutConfig(t *testing.T) {
-	c, err := New(Config{ImageBaseURL: "http://10.99.0.1"}, newFakeStore(), nil, nil)
+	c, err := New(Config{ImageBaseURL: "http://10.99.0.1"}, newStore(t), nil, nil)
 	must(t, err)
 	if c.cfg.RebootTimeout != DefaultRebootTimeout || DefaultRebootTimeout != 3*time.Minute {
 		t.Fatalf("default %v", c.cfg.RebootTimeout)
 	}
-	if _, err := New(Config{ImageBaseURL: "http://10.99.0.1", RebootTimeout: -time.Second}, newFakeStore(), nil, nil); !errors.Is(err, ErrConfig) {
+	if _, err := New(Config{ImageBaseURL: "http://10.99.0.1", RebootTimeout: -time.Second}, newStore(t), nil, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("negative RebootTimeout: %v", err)
 	}
 }

@@ -11,13 +11,16 @@ import (
 	"sort"
 	"strings"
 
+	"kiln/api/agentapi"
 	"kiln/appliance/lifecycle/intake"
 	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
-// Import parses r (format csv|json|netbox, see package intake) and creates
-// every row as a registered machine in one all-or-nothing store command
+// Import parses r (format csv|json|netbox, see package intake), checks
+// every row's machine by the record rule (rules.CheckIntended, as
+// CreateMachine and UpdateIntended do) and creates every row as a
+// registered machine in one all-or-nothing store command
 // (store.ImportMachines, create only). A row whose name, serial, BMC MAC or
 // NIC MAC is held by a stored machine or by an earlier row is a bad row,
 // decided inside the store's raft apply so that concurrent imports cannot
@@ -29,8 +32,20 @@ func (c *Controller) Import(ctx context.Context, r io.Reader, format string, w s
 		return intake.Result{}, err
 	}
 	ms := make([]store.Machine, len(rows))
+	var bad []intake.RowError
 	for i, row := range rows {
 		ms[i] = row.Machine
+		// The record rule every other path applies (CreateMachine,
+		// UpdateIntended): what an import accepts, a later PATCH accepts.
+		var fe *rules.FieldError
+		if err := rules.CheckIntended(&ms[i], true); errors.As(err, &fe) {
+			bad = append(bad, intake.RowError{Line: row.Line, Field: fe.Field, Msg: fe.Msg})
+		} else if err != nil {
+			return intake.Result{}, err
+		}
+	}
+	if len(bad) > 0 {
+		return intake.Result{}, &intake.ErrRows{Rows: bad}
 	}
 	out, err := c.st.ImportMachines(ctx, ms, withDefaults(w, "imported"))
 	var ice *store.ImportConflictError
@@ -72,19 +87,12 @@ func conflictRows(rows []intake.Row, cs []store.Conflict) *intake.ErrRows {
 	return &intake.ErrRows{Rows: bad}
 }
 
-// checkClaim validates a claim's fields. That its image exists is the
-// store's rule, checked when the claim is written (store.PutMachine), so
-// that a concurrent DeleteImage cannot slip in between.
+// checkClaim applies the claim rule (rules.CheckClaim). That its image
+// exists is the store's rule, checked when the claim is written
+// (store.PutMachine), so that a concurrent DeleteImage cannot slip in
+// between.
 func (c *Controller) checkClaim(cl store.Claim) error {
-	if cl.Image == "" {
-		return fmt.Errorf("%w: claim.image is required", ErrInvalid)
-	}
-	if cl.Hostname != "" {
-		if err := rules.CheckHostname(cl.Hostname); err != nil {
-			return fmt.Errorf("%w: claim.hostname: %v", ErrInvalid, err)
-		}
-	}
-	return nil
+	return invalidField(rules.CheckClaim("claim", cl))
 }
 
 // Provision places claim c on available machine id (its agent then starts
@@ -245,7 +253,12 @@ func (c *Controller) Release(ctx context.Context, id string, w store.W) (store.M
 
 // Erase moves an available, failed, quarantined or provisioned machine to
 // erasing (reason erase_requested); the agent wipes its disks, then it is
-// available. Errors: *StateError, store errors.
+// available, or inspecting when it must be inspected again first (see
+// AgentReport). A quarantined machine's hardware is not trusted: it is
+// erasing with reason erase_quarantined (whatever reason w gives; w's
+// reason and message still go to the transition event), and that reason
+// is the durable marker that sends it to inspection after the erase.
+// Errors: *StateError, store errors.
 func (c *Controller) Erase(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	return c.startErase(ctx, "erase", id, []store.MachineState{store.StateAvailable, store.StateFailed,
 		store.StateQuarantined, store.StateProvisioned}, withDefaults(w, ReasonEraseRequested))
@@ -254,10 +267,19 @@ func (c *Controller) Erase(ctx context.Context, id string, w store.W) (store.Mac
 func (c *Controller) startErase(ctx context.Context, op, id string, from []store.MachineState, w store.W) (store.Machine, error) {
 	now := c.now()
 	wasAvailable := false
-	m, err := c.transition(ctx, op, id, from, store.StateErasing, w, func(m *store.Machine) {
+	m, err := c.update(ctx, id, w, func(m *store.Machine) error {
+		if !hasState(from, m.State) {
+			return &StateError{Op: op, Machine: id, State: m.State, Want: from}
+		}
 		wasAvailable = m.State == store.StateAvailable
+		m.Reason, m.Message = w.Reason, w.Message
+		if m.State == store.StateQuarantined {
+			m.Reason = ReasonEraseQuarantined
+		}
+		m.State = store.StateErasing
 		m.Claim = nil
-		m.Step = pendingStep("erase", now, now.Add(c.cfg.BootTimeout))
+		m.Step = pendingStep(agentapi.StepErase, now, now.Add(c.cfg.BootTimeout))
+		return nil
 	})
 	if err != nil {
 		return m, err
@@ -268,10 +290,29 @@ func (c *Controller) startErase(ctx context.Context, op, id string, from []store
 	return m, nil
 }
 
+// reinspectAfterErase says why a machine whose erase just succeeded must be
+// inspected again before it may be available ("" = it need not): it was
+// erased from quarantine (reason erase_quarantined), or the hardware on
+// record (the last registration, the erase boot's included) is missing or
+// has a blocking difference from the intended fields.
+func reinspectAfterErase(m store.Machine) string {
+	switch {
+	case m.Reason == ReasonEraseQuarantined:
+		return "it was quarantined"
+	case m.Discovered == nil:
+		return "no inspection on record"
+	case len(blocking(m.Diff)) > 0:
+		return "blocking difference in " + strings.Join(blocking(m.Diff), ", ")
+	}
+	return ""
+}
+
 // Inspect (re)inspects a machine: registered, discovered, available
 // (unclaimed), failed or quarantined → inspecting (reason
-// inspection_requested). A running agent is told to inspect; with a BMC the
-// machine is PXE-booted. Errors: *StateError, store errors.
+// inspection_requested). An agent heard within AgentStaleAfter gets the
+// inspect task at its next poll (AgentTask) and registers again with its
+// inventory; otherwise, with a BMC, the machine is PXE-booted (boot_pxe,
+// power_cycle jobs). Errors: *StateError, store errors.
 func (c *Controller) Inspect(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	w = withDefaults(w, ReasonInspectionRequested)
 	now := c.now()
@@ -308,14 +349,13 @@ func (c *Controller) powerIntoAgent(ctx context.Context, m store.Machine, state 
 	}
 }
 
-// BMC drivers accepted by EnrollBMC.
-var bmcDrivers = map[string]bool{"redfish": true, "ipmi": true, "auto": true}
-
 // EnrollBMC records b for machine machineID: password is sealed with
 // Config.Sealer and stored with PutSecret under "bmc/<machineID>"
 // (b.CredentialRef), the BMC record is created or updated, and the machine
-// points at it. The password is never stored or returned in clear.
-// Errors: ErrNoSealer, ErrInvalid (address, driver, username, password),
+// points at it. The password is never stored or returned in clear. Then,
+// when the BMC offers an inventory (BMCInventory), it is read into the
+// machine's discovered fields (readInventory; a failed read is an event,
+// not an error). Errors: ErrNoSealer, ErrInvalid (address, driver, username, password),
 // store errors.
 func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BMC, password string, w store.W) (store.BMC, error) {
 	if c.cfg.Sealer == nil {
@@ -324,14 +364,17 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 	if b.Driver == "" {
 		b.Driver = "auto"
 	}
-	if !bmcDrivers[b.Driver] {
-		return store.BMC{}, fmt.Errorf("%w: driver %q: want redfish, ipmi or auto", ErrInvalid, b.Driver)
+	if err := rules.CheckBMCDriver(b.Driver); err != nil {
+		return store.BMC{}, fmt.Errorf("%w: driver %v", ErrInvalid, err)
 	}
 	if err := rules.CheckHostPort(b.Address); err != nil {
 		return store.BMC{}, fmt.Errorf("%w: address: %v", ErrInvalid, err)
 	}
 	if b.Username == "" {
 		return store.BMC{}, fmt.Errorf("%w: username is required", ErrInvalid)
+	}
+	if err := rules.CheckText(b.Username, rules.MaxTextLen); err != nil {
+		return store.BMC{}, fmt.Errorf("%w: username %v", ErrInvalid, err)
 	}
 	if password == "" {
 		return store.BMC{}, fmt.Errorf("%w: password is required", ErrInvalid)
@@ -373,6 +416,7 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 			return out, err
 		}
 	}
+	c.readInventory(ctx, machineID, w)
 	return out, nil
 }
 
@@ -420,14 +464,11 @@ func (c *Controller) UploadImage(ctx context.Context, meta store.Image, r io.Rea
 	if meta.Format == "" {
 		meta.Format = "raw"
 	}
-	switch meta.Format {
-	case "raw":
-	case "gzip", "zstd":
-		if meta.SHA256 == "" || meta.Size == 0 {
-			return store.Image{}, fmt.Errorf("%w: a %s image needs sha256 and size_bytes of its raw content", ErrInvalid, meta.Format)
-		}
-	default:
-		return store.Image{}, fmt.Errorf("%w: format %q: want raw, gzip or zstd", ErrInvalid, meta.Format)
+	if err := rules.CheckImageFormat(meta.Format); err != nil {
+		return store.Image{}, fmt.Errorf("%w: format %v", ErrInvalid, err)
+	}
+	if meta.Format != "raw" && (meta.SHA256 == "" || meta.Size == 0) {
+		return store.Image{}, fmt.Errorf("%w: a %s image needs sha256 and size_bytes of its raw content", ErrInvalid, meta.Format)
 	}
 	// One upload per name and per chosen ID at a time: the checks below and
 	// the catalog's atomic replace would otherwise let two concurrent uploads

@@ -20,18 +20,18 @@ import (
 // guardStore counts every write the store refused as an illegal
 // transition: the controller must never request one.
 type guardStore struct {
-	*fakeStore
-	illegal atomic.Int64
+	*leaderFlag // the real store; leadership flaps are the walk's
+	illegal     atomic.Int64
 }
 
 func (g *guardStore) PutMachine(ctx context.Context, m store.Machine, w store.W) (store.Machine, error) {
-	out, err := g.fakeStore.PutMachine(ctx, m, w)
+	out, err := g.Store.PutMachine(ctx, m, w)
 	g.note(err)
 	return out, err
 }
 
 func (g *guardStore) PutMachines(ctx context.Context, ms []store.Machine, w store.W) ([]store.Machine, error) {
-	out, err := g.fakeStore.PutMachines(ctx, ms, w)
+	out, err := g.Store.PutMachines(ctx, ms, w)
 	g.note(err)
 	return out, err
 }
@@ -99,7 +99,7 @@ func TestPropertyRandomEvents(t *testing.T) {
 
 func runProperty(t *testing.T, seed int64, n int, reached map[string]bool) {
 	rng := rand.New(rand.NewSource(seed))
-	g := &guardStore{fakeStore: newFakeStore()}
+	g := &guardStore{leaderFlag: &leaderFlag{Store: newStore(t)}}
 	h := newHarness(t, g, func(c *Config) {
 		c.StepDeadlines = map[string]time.Duration{"write": 10 * time.Minute}
 		c.BMCBackoff = time.Minute
@@ -123,7 +123,7 @@ func runProperty(t *testing.T, seed int64, n int, reached map[string]bool) {
 	}
 	img := h.image("img.raw")
 	created := map[string]store.MachineState{} // machine → state at creation
-	for _, ev := range g.allEvents() {
+	for _, ev := range allEvents(t, g.Store) {
 		if ev.Kind == "created" && strings.HasPrefix(ev.Subject, "machine/") {
 			created[strings.TrimPrefix(ev.Subject, "machine/")] = store.MachineState(ev.To)
 		}
@@ -264,7 +264,7 @@ func runProperty(t *testing.T, seed int64, n int, reached map[string]bool) {
 		k.check(t, i, op, g, c, h.reg, created, acceptedReports)
 	}
 	cnt := map[string]int{}
-	for _, ev := range g.allEvents() {
+	for _, ev := range allEvents(t, g.Store) {
 		if ev.Kind == "transition" {
 			reached[ev.To] = true
 			reached[ev.From+">"+ev.To+" "+ev.Reason] = true
@@ -276,7 +276,7 @@ func runProperty(t *testing.T, seed int64, n int, reached map[string]bool) {
 
 // checker replays the event log incrementally and checks the invariants.
 type checker struct {
-	next        int // events consumed
+	after       uint64 // index of the last event consumed
 	cur         map[string]store.MachineState
 	steps       int
 	transitions int
@@ -293,8 +293,8 @@ func (k *checker) check(t *testing.T, i int, op string, g *guardStore, c *Contro
 			k.cur[id] = s
 		}
 	}
-	evs := g.allEvents()
-	for _, ev := range evs[k.next:] {
+	evs := eventsAfter(t, g.Store, k.after)
+	for _, ev := range evs {
 		id := strings.TrimPrefix(ev.Subject, "machine/")
 		switch ev.Kind {
 		case "transition":
@@ -317,7 +317,9 @@ func (k *checker) check(t *testing.T, i int, op string, g *guardStore, c *Contro
 			k.jobState[jid] = ev.To
 		}
 	}
-	k.next = len(evs)
+	if len(evs) > 0 {
+		k.after = evs[len(evs)-1].Index
+	}
 	if k.steps != accepted {
 		t.Fatalf("step %d (%s): %d step events for %d accepted reports", i, op, k.steps, accepted)
 	}

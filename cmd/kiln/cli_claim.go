@@ -1,38 +1,15 @@
 package main
 
 import (
-	"net/url"
+	"context"
 	"os"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"kiln/api"
-	"kiln/store"
+	"kiln/api/client"
 )
-
-// call sends one request and renders its answer: the shape every simple CLI
-// command shares. table is built after the answer arrives (it reads out).
-func (o *cliOpts) call(cmd *cobra.Command, method, path string, body, out any, table func() func(*tabwriter.Writer)) error {
-	cl, err := o.client()
-	if err != nil {
-		return err
-	}
-	return o.send(cmd, cl, method, path, nil, body, "", out, table)
-}
-
-// send is call on a client the command already built (commands that check
-// their flags only once the client flags are known good), with a query q and
-// the body's content type ctype as in client.do. One request, bounded by
-// requestTimeout; out receives the answer and is rendered with table().
-func (o *cliOpts) send(cmd *cobra.Command, cl *client, method, path string, q url.Values, body any, ctype string, out any, table func() func(*tabwriter.Writer)) error {
-	ctx, cancel := timeout(cmd)
-	defer cancel()
-	if err := cl.do(ctx, method, path, q, body, ctype, out); err != nil {
-		return err
-	}
-	return render(cmd.OutOrStdout(), o.output, out, table())
-}
 
 // claimCmd is `kiln machines claim`: N available machines by role and labels,
 // all or nothing (POST /v1/machines/claim).
@@ -54,7 +31,7 @@ func claimCmd(o *cliOpts) *cobra.Command {
 				return err
 			}
 			req := api.ClaimRequest{Role: role, Labels: sel, Count: count, Reason: reason,
-				Claim: store.Claim{Image: image, Role: role, Labels: nl, SSHKeys: sshKeys}}
+				Claim: api.Claim{Image: image, Role: role, Labels: nl, SSHKeys: sshKeys}}
 			if userData != "" {
 				b, err := os.ReadFile(userData)
 				if err != nil {
@@ -62,10 +39,10 @@ func claimCmd(o *cliOpts) *cobra.Command {
 				}
 				req.Claim.UserData = string(b)
 			}
-			var res api.ClaimResponse
-			return o.call(cmd, "POST", "/v1/machines/claim", req, &res, func() func(*tabwriter.Writer) {
-				return machineTable(res.Items)
-			})
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.ClaimResponse, error) {
+				items, err := cl.Claim(ctx, req)
+				return api.ClaimResponse{Items: items}, err
+			}, func(res api.ClaimResponse) func(*tabwriter.Writer) { return machineTable(res.Items) })
 		},
 	}
 	f := c.Flags()
@@ -88,8 +65,10 @@ func sitesCmd(o *cliOpts) *cobra.Command {
 	c.AddCommand(&cobra.Command{
 		Use: "list", Short: "List sites", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var sl api.SiteList
-			return o.call(cmd, "GET", "/v1/sites", nil, &sl, func() func(*tabwriter.Writer) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.SiteList, error) {
+				items, err := cl.ListSites(ctx)
+				return api.SiteList{Items: items}, err
+			}, func(sl api.SiteList) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) {
 					row(tw, "ID", "NAME", "DESCRIPTION")
 					for _, s := range sl.Items {
@@ -103,8 +82,9 @@ func sitesCmd(o *cliOpts) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME", Short: "Create a site", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var s store.Site
-			return o.call(cmd, "POST", "/v1/sites", api.SiteSpec{Name: args[0], Description: desc}, &s, func() func(*tabwriter.Writer) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Site, error) {
+				return cl.CreateSite(ctx, api.SiteSpec{Name: args[0], Description: desc})
+			}, func(s api.Site) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) { row(tw, "ID", "NAME"); row(tw, s.ID, s.Name) }
 			})
 		},
@@ -121,12 +101,10 @@ func racksCmd(o *cliOpts) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List racks (--site filters)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path := "/v1/racks"
-			if site != "" {
-				path += "?site=" + url.QueryEscape(site)
-			}
-			var rl api.RackList
-			return o.call(cmd, "GET", path, nil, &rl, func() func(*tabwriter.Writer) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.RackList, error) {
+				items, err := cl.ListRacks(ctx, site)
+				return api.RackList{Items: items}, err
+			}, func(rl api.RackList) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) {
 					row(tw, "ID", "SITE", "NAME", "ROW", "UNITS")
 					for _, r := range rl.Items {
@@ -142,9 +120,10 @@ func racksCmd(o *cliOpts) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME --site SITE", Short: "Create a rack", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var r store.Rack
 			spec := api.RackSpec{Site: site, Name: args[0], Row: rowName, Units: units}
-			return o.call(cmd, "POST", "/v1/racks", spec, &r, func() func(*tabwriter.Writer) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Rack, error) {
+				return cl.CreateRack(ctx, spec)
+			}, func(r api.Rack) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) { row(tw, "ID", "SITE", "NAME"); row(tw, r.ID, r.Site, r.Name) }
 			})
 		},

@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -26,15 +24,16 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln/api"
+	"kiln/api/client"
 	"kiln/appliance/lifecycle/rules"
-	"kiln/store"
 )
 
 // cliOpts are the persistent client flags on the root command.
 type cliOpts struct {
-	server string
-	token  string
-	output string
+	server   string
+	token    string
+	output   string
+	tokenSrc string // where the token came from, set by client(), for hints
 }
 
 // addClientCommands adds the client commands (machines, import, images,
@@ -51,25 +50,11 @@ func addClientCommands(root *cobra.Command) {
 	pf.StringVar(&o.token, "token", "", "API bearer token (env KILN_TOKEN, else the file in KILN_TOKEN_FILE or "+defaultTokenFile+")")
 	pf.StringVarP(&o.output, "output", "o", outTable, "output format: table, json or yaml")
 
-	root.AddCommand(machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o),
-		sitesCmd(o), racksCmd(o))
-}
-
-// client builds an API client from the flags; it checks -o too.
-func (o *cliOpts) client() (*client, error) {
-	if err := checkOutput(o.output); err != nil {
-		return nil, err
+	for _, c := range []*cobra.Command{machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o),
+		sitesCmd(o), racksCmd(o), clusterCmd(o), siteCmd(o)} {
+		o.explainAll(c)
+		root.AddCommand(c)
 	}
-	u, err := url.Parse(o.server)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--server %q: want http://HOST:PORT or https://HOST:PORT", o.server)
-	}
-	tok, src := resolveToken(o.token)
-	return &client{base: o.server, token: tok, tokenSrc: src, hc: &http.Client{}}, nil
-}
-
-func timeout(cmd *cobra.Command) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(cmd.Context(), requestTimeout)
 }
 
 // parseLabels turns ["k=v", ...] into a map.
@@ -88,14 +73,14 @@ func parseLabels(flag string, kvs []string) (map[string]string, error) {
 	return m, nil
 }
 
-func firstMAC(m store.Machine) string {
+func firstMAC(m api.Machine) string {
 	if len(m.Intended.NICs) > 0 {
 		return m.Intended.NICs[0].MAC
 	}
 	return ""
 }
 
-func machineTable(ms []store.Machine) func(*tabwriter.Writer) {
+func machineTable(ms []api.Machine) func(*tabwriter.Writer) {
 	return func(tw *tabwriter.Writer) {
 		row(tw, "ID", "NAME", "STATE", "RACK", "U", "MAC", "IPV4", "REASON")
 		for _, m := range ms {
@@ -108,7 +93,7 @@ func machineTable(ms []store.Machine) func(*tabwriter.Writer) {
 	}
 }
 
-func machineDetail(m store.Machine) func(*tabwriter.Writer) {
+func machineDetail(m api.Machine) func(*tabwriter.Writer) {
 	return func(tw *tabwriter.Writer) {
 		row(tw, "ID:", m.ID)
 		row(tw, "Name:", dash(m.Name))
@@ -161,26 +146,18 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			q := url.Values{}
-			if state != "" {
-				q.Set("state", state)
+			sel, err := parseLabels("label", labels)
+			if err != nil {
+				return err
 			}
-			if rack != "" {
-				q.Set("rack", rack)
-			}
-			for _, l := range labels {
-				q.Add("label", l)
-			}
-			q.Set("limit", strconv.Itoa(limit))
-			var items []store.Machine
+			q := client.MachineQuery{State: state, Rack: rack, Labels: sel, Limit: limit}
+			var items []api.Machine
 			next := after
 			for {
-				if next != "" {
-					q.Set("after", next)
-				}
-				var page api.MachineList
+				// One request per page, each bounded by requestTimeout.
+				q.After = next
 				ctx, cancel := timeout(cmd)
-				err := cl.do(ctx, "GET", "/v1/machines", q, nil, "", &page)
+				page, err := cl.ListMachines(ctx, q)
 				cancel()
 				if err != nil {
 					return err
@@ -192,7 +169,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				}
 			}
 			if items == nil {
-				items = []store.Machine{}
+				items = []api.Machine{}
 			}
 			if err := render(cmd.OutOrStdout(), o.output, api.MachineList{Items: items, Next: next}, machineTable(items)); err != nil {
 				return err
@@ -215,14 +192,13 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 		Short: "Show one machine",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var m store.Machine
-			return o.call(cmd, "GET", "/v1/machines/"+url.PathEscape(args[0]), nil, &m, func() func(*tabwriter.Writer) {
-				return machineDetail(m)
-			})
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Machine, error) {
+				return cl.GetMachine(ctx, args[0])
+			}, machineDetail)
 		},
 	}
 
-	var claim store.Claim
+	var claim api.Claim
 	var userDataFile, reason string
 	var claimLabels []string
 	prov := &cobra.Command{
@@ -247,11 +223,13 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				}
 				claim.UserData = string(b)
 			}
-			var m store.Machine
-			return o.send(cmd, cl, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/provision", nil,
-				api.ProvisionRequest{Claim: claim, Reason: reason}, "", &m, func() func(*tabwriter.Writer) {
-					return machineTable([]store.Machine{m})
-				})
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			m, err := cl.Provision(ctx, args[0], api.ProvisionRequest{Claim: claim, Reason: reason})
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, m, machineTable([]api.Machine{m}))
 		},
 	}
 	prov.Flags().StringVar(&claim.Image, "image", "", "image ID (required)")
@@ -263,32 +241,33 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 	prov.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
 
 	c.AddCommand(list, get, prov, claimCmd(o),
-		actionCmd(o, "release", "Release a provisioned machine (it is erased, then available)"),
-		actionCmd(o, "erase", "Erase a machine's disks"),
-		actionCmd(o, "inspect", "(Re)inspect a machine's hardware"))
+		actionCmd(o, "release", "Release a provisioned machine (it is erased, then available)", (*client.Client).Release),
+		actionCmd(o, "erase", "Erase a machine's disks", (*client.Client).Erase),
+		actionCmd(o, "inspect", "(Re)inspect a machine's hardware", (*client.Client).Inspect))
 	return c
 }
 
 func statesList() string {
-	s := make([]string, len(store.AllStates))
-	for i, st := range store.AllStates {
+	states := client.States()
+	s := make([]string, len(states))
+	for i, st := range states {
 		s[i] = string(st)
 	}
 	return strings.Join(s, "|")
 }
 
-func actionCmd(o *cliOpts, verb, short string) *cobra.Command {
+// actionCmd is `kiln machines VERB ID` for a body-optional action; do is
+// the client's method of it (Release, Erase, Inspect).
+func actionCmd(o *cliOpts, verb, short string, do func(*client.Client, context.Context, string, api.ActionRequest) (api.Machine, error)) *cobra.Command {
 	var reason, message string
 	c := &cobra.Command{
 		Use:   verb + " ID",
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var m store.Machine
-			return o.call(cmd, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/"+verb,
-				api.ActionRequest{Reason: reason, Message: message}, &m, func() func(*tabwriter.Writer) {
-					return machineTable([]store.Machine{m})
-				})
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Machine, error) {
+				return do(cl, ctx, args[0], api.ActionRequest{Reason: reason, Message: message})
+			}, func(m api.Machine) func(*tabwriter.Writer) { return machineTable([]api.Machine{m}) })
 		},
 	}
 	c.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
@@ -329,13 +308,16 @@ any bad row imports nothing; each bad row is printed with its line and field.`,
 				defer f.Close()
 				r = f
 			}
-			var res api.ImportResult
-			return o.send(cmd, cl, "POST", "/v1/machines/import", url.Values{"format": {format}}, r, "application/octet-stream", &res, func() func(*tabwriter.Writer) {
-				return func(tw *tabwriter.Writer) {
-					fmt.Fprintf(tw, "imported %d machine(s)\n", res.Created)
-					for _, id := range res.IDs {
-						row(tw, id)
-					}
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			res, err := cl.ImportMachines(ctx, format, r)
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, res, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "imported %d machine(s)\n", res.Created)
+				for _, id := range res.IDs {
+					row(tw, id)
 				}
 			})
 		},
@@ -351,8 +333,10 @@ func imagesCmd(o *cliOpts) *cobra.Command {
 		Short: "List images",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var il api.ImageList
-			return o.call(cmd, "GET", "/v1/images", nil, &il, func() func(*tabwriter.Writer) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.ImageList, error) {
+				items, err := cl.ListImages(ctx)
+				return api.ImageList{Items: items}, err
+			}, func(il api.ImageList) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) {
 					row(tw, "ID", "NAME", "VERSION", "FORMAT", "SIZE", "SHA256")
 					for _, im := range il.Items {
@@ -443,19 +427,17 @@ decompressed once here to compute them.`,
 			}
 			b := bar("uploading")
 			pr := progressbar.NewReader(f, b)
-			q := url.Values{"name": {name}, "version": {version}, "sha256": {sum}, "format": {format}, "source": {filepath.Base(args[0])}}
-			if rawSize != 0 {
-				q.Set("size", strconv.FormatUint(rawSize, 10))
-			}
-			method, path := "POST", "/v1/images"
-			if id != "" {
-				method, path = "PUT", "/v1/images/"+url.PathEscape(id)
-			}
-			var im store.Image
+			meta := client.ImageMeta{Name: name, Version: version, SHA256: sum, Format: format, Size: rawSize, Source: filepath.Base(args[0])}
 			// No overall timeout: an image may take long; Ctrl-C cancels.
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := cl.do(ctx, method, path, q, &sizedReader{r: &pr, n: fi.Size()}, "application/octet-stream", &im); err != nil {
+			var im api.Image
+			if id != "" {
+				im, _, err = cl.PutImage(ctx, id, meta, &pr, fi.Size())
+			} else {
+				im, err = cl.UploadImage(ctx, meta, &pr, fi.Size())
+			}
+			if err != nil {
 				return err
 			}
 			_ = b.Finish()
@@ -475,14 +457,6 @@ decompressed once here to compute them.`,
 	c.AddCommand(list, up)
 	return c
 }
-
-// sizedReader lets net/http send a Content-Length for a streamed body.
-type sizedReader struct {
-	r io.Reader
-	n int64
-}
-
-func (s *sizedReader) Read(p []byte) (int, error) { return s.r.Read(p) }
 
 func short(h string) string {
 	if len(h) > 12 {
@@ -515,13 +489,12 @@ func eventsCmd(o *cliOpts) *cobra.Command {
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			header := o.output == outTable
 			for {
-				q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {strconv.Itoa(limit)}}
+				q := client.EventQuery{After: after, Limit: limit}
 				if follow {
-					q.Set("wait", wait.String())
+					q.Wait = wait
 				}
-				var el api.EventList
-				rctx, cancel := context.WithTimeout(ctx, requestTimeout+wait)
-				err := cl.do(rctx, "GET", "/v1/events", q, nil, "", &el)
+				rctx, cancel := context.WithTimeout(ctx, requestTimeout+q.Wait)
+				el, err := cl.Events(rctx, q)
 				cancel()
 				if err != nil {
 					if follow && ctx.Err() != nil {
@@ -637,8 +610,9 @@ func statusCmd(o *cliOpts) *cobra.Command {
 		Short: "Site status: machines by state, failures, versions, raft health",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var st api.SiteStatus
-			return o.call(cmd, "GET", "/v1/site/status", nil, &st, func() func(*tabwriter.Writer) {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.SiteStatus, error) {
+				return cl.SiteStatus(ctx)
+			}, func(st api.SiteStatus) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) {
 					role := "follower"
 					if st.Raft.IsLeader {
@@ -651,7 +625,7 @@ func statusCmd(o *cliOpts) *cobra.Command {
 					row(tw, "Version:", st.Version)
 					row(tw, "Raft:", role, "leader="+dash(st.Raft.Leader), ready)
 					row(tw, "Machines:", st.Total)
-					for _, s := range store.AllStates {
+					for _, s := range client.States() {
 						if n := st.Counts[s]; n > 0 {
 							row(tw, "  "+string(s)+":", n)
 						}
@@ -707,12 +681,15 @@ of shell history and ps.`,
 			if req.Password == "" {
 				return errors.New("no BMC password: use --password-file, --password-stdin or KILN_BMC_PASSWORD")
 			}
-			var b store.BMC
-			return o.send(cmd, cl, "POST", "/v1/machines/"+url.PathEscape(args[0])+"/bmc", nil, req, "", &b, func() func(*tabwriter.Writer) {
-				return func(tw *tabwriter.Writer) {
-					row(tw, "ID", "ADDRESS", "DRIVER", "USERNAME")
-					row(tw, b.ID, b.Address, b.Driver, b.Username)
-				}
+			ctx, cancel := timeout(cmd)
+			defer cancel()
+			b, err := cl.EnrollBMC(ctx, args[0], req)
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), o.output, b, func(tw *tabwriter.Writer) {
+				row(tw, "ID", "ADDRESS", "DRIVER", "USERNAME")
+				row(tw, b.ID, b.Address, b.Driver, b.Username)
 			})
 		},
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"kiln/api"
-	"kiln/api/apitest"
+	"kiln/appliance/lifecycle/lifecycletest"
 	"kiln/store"
 )
 
@@ -33,18 +33,20 @@ const (
 
 type cliEnv struct {
 	t   *testing.T
-	f   *apitest.Fake
+	d   *lifecycletest.Domain
+	st  *store.Store
 	url string
 }
 
-// newCLIEnv serves package api over a fake backend on a real 127.0.0.1 listener.
+// newCLIEnv serves package api over the real domain (lifecycle controller
+// and store, as the appliance wires them) on a real 127.0.0.1 listener.
 func newCLIEnv(t *testing.T) *cliEnv {
 	t.Helper()
-	f := apitest.New()
+	d := lifecycletest.New(t)
 	s, err := api.New(api.Config{Tokens: []api.TokenSpec{
 		{Name: "admin", Role: api.RoleAdmin, SHA256: api.HashToken(tAdmin)},
 		{Name: "viewer", Role: api.RoleViewer, SHA256: api.HashToken(tViewer)},
-	}}, f, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}, ErrorClasses: lifecycletest.ErrorClasses()}, d.Backend(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +56,7 @@ func newCLIEnv(t *testing.T) *cliEnv {
 	t.Setenv("KILN_TOKEN", "")
 	t.Setenv("KILN_TOKEN_FILE", filepath.Join(t.TempDir(), "none"))
 	t.Setenv("KILN_SERVER", "")
-	return &cliEnv{t: t, f: f, url: srv.URL}
+	return &cliEnv{t: t, d: d, st: d.Store, url: srv.URL}
 }
 
 // syncBuf is a goroutine-safe buffer (events --follow writes while the test reads).
@@ -92,9 +94,48 @@ func (e *cliEnv) admin(args ...string) string {
 	return out
 }
 
+// addEvent appends ev to the store's event log.
+func (e *cliEnv) addEvent(ev store.Event) {
+	e.t.Helper()
+	if err := e.st.AppendEvents(context.Background(), []store.Event{ev}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// imageData reads the catalog's file of image name.
+func (e *cliEnv) imageData(name string) []byte {
+	e.t.Helper()
+	f, _, err := e.d.Catalog.Open(name)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return b
+}
+
+// password opens the sealed credential stored under key ("" when none).
+func (e *cliEnv) password(key string) string {
+	e.t.Helper()
+	sealed, err := e.st.Secret(key)
+	if err != nil {
+		return ""
+	}
+	pw, err := e.d.Sealer.Open(sealed)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return string(pw)
+}
+
+// machine records a machine as a test fixture, straight into the store,
+// walked along legal transitions to state.
 func (e *cliEnv) machine(name string, i int, state store.MachineState) store.Machine {
 	e.t.Helper()
-	m, err := e.f.PutMachine(context.Background(), store.Machine{Name: name, State: store.StateRegistered, Rack: "r1",
+	m, err := e.st.PutMachine(context.Background(), store.Machine{Name: name, State: store.StateRegistered, Rack: "r1",
 		Intended: store.Hardware{NICs: []store.NIC{{MAC: fmt.Sprintf("52:54:00:00:10:%02x", i)}}}}, store.W{})
 	if err != nil {
 		e.t.Fatal(err)
@@ -105,7 +146,7 @@ func (e *cliEnv) machine(name string, i int, state store.MachineState) store.Mac
 	}[state]
 	for _, st := range steps {
 		m.State = st
-		if m, err = e.f.PutMachine(context.Background(), m, store.W{}); err != nil {
+		if m, err = e.st.PutMachine(context.Background(), m, store.W{}); err != nil {
 			e.t.Fatal(err)
 		}
 	}
@@ -172,8 +213,9 @@ func TestCLIErrorsSayWhatToDo(t *testing.T) {
 		t.Fatalf("404: %v", err)
 	}
 	_, _, err = e.run("--token", tAdmin, "machines", "release", reg.ID)
-	if err == nil || !strings.Contains(err.Error(), "illegal_transition") || !strings.Contains(err.Error(), "the machine is registered") {
-		t.Fatalf("illegal: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "wrong_state") || !strings.Contains(err.Error(), "state is registered") ||
+		!strings.Contains(err.Error(), "kiln machines get") {
+		t.Fatalf("wrong state: %v", err)
 	}
 	_, _, err = e.run("--token", tAdmin, "machines", "provision", avail.ID)
 	if err == nil || !strings.Contains(err.Error(), "--image is required") {
@@ -224,21 +266,23 @@ func TestCLIActionsImportStatus(t *testing.T) {
 	e := newCLIEnv(t)
 	dir := t.TempDir()
 	good := filepath.Join(dir, "plan.csv")
-	os.WriteFile(good, []byte("name,serial,mac,rack\nn1,S1,52:54:00:00:20:01,r1\nn2,S2,52:54:00:00:20:02,r1\n"), 0o600)
+	os.WriteFile(good, []byte("name,serial,macs,rack\nn1,S1,52:54:00:00:20:01,r1\nn2,S2,52:54:00:00:20:02,r1\n"), 0o600)
 	bad := filepath.Join(dir, "bad.csv")
-	os.WriteFile(bad, []byte("name,serial,mac,rack\nn1,S1,52:54:00:00:20:01,r1\nn2,S2,nomac,r1\n"), 0o600)
+	os.WriteFile(bad, []byte("name,serial,macs,rack\nn1,S1,52:54:00:00:20:01,r1\nn2,S2,nomac,r1\n"), 0o600)
 
 	_, _, err := e.run("--token", tAdmin, "import", bad)
-	if err == nil || !strings.Contains(err.Error(), "line 3, field mac") || !strings.Contains(err.Error(), "nothing was imported") {
+	if err == nil || !strings.Contains(err.Error(), "line 3, field macs") || !strings.Contains(err.Error(), "nothing was imported") {
 		t.Fatalf("bad import: %v", err)
 	}
 	out := e.admin("import", good)
 	if !strings.Contains(out, "imported 2 machine(s)") {
 		t.Fatalf("import: %s", out)
 	}
-	out = e.admin("import", "--format", "csv", "-", "-o", "json")
-	_ = out
-	if _, _, err := e.runCtx(context.Background(), "name,serial,mac,rack\nn3,S3,52:54:00:00:20:03,r2\n",
+	// An empty file imports nothing and says so.
+	if _, _, err := e.run("--token", tAdmin, "import", "--format", "csv", "-", "-o", "json"); err == nil || !strings.Contains(err.Error(), "no rows") {
+		t.Fatalf("empty import: %v", err)
+	}
+	if _, _, err := e.runCtx(context.Background(), "name,serial,macs,rack\nn3,S3,52:54:00:00:20:03,r2\n",
 		"--server", e.url, "--token", tAdmin, "import", "--format", "csv", "-"); err != nil {
 		t.Fatalf("stdin import: %v", err)
 	}
@@ -248,13 +292,13 @@ func TestCLIActionsImportStatus(t *testing.T) {
 	if !strings.Contains(out, "erasing") {
 		t.Fatalf("release: %s", out)
 	}
-	evs, _ := e.f.Events(0, 0)
+	evs, _ := e.st.Events(0, 0)
 	if last := evs[len(evs)-1]; last.Reason != "decommission" || last.Actor != "token:admin" {
 		t.Fatalf("event %+v", last)
 	}
 	a := e.machine("q", 10, store.StateAvailable)
 	e.admin("machines", "inspect", a.ID)
-	if got, _ := e.f.GetMachine(a.ID); got.State != store.StateInspecting {
+	if got, _ := e.st.GetMachine(a.ID); got.State != store.StateInspecting {
 		t.Fatalf("inspect: %s", got.State)
 	}
 
@@ -285,13 +329,17 @@ func TestCLIImagesAndProvision(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(data)
-	if im.Name != "ubuntu-24.04" || im.Format != "raw" || im.SHA256 != hex.EncodeToString(sum[:]) || !bytes.Equal(e.f.ImageData(im.ID), data) {
+	if im.Name != "ubuntu-24.04" || im.Format != "raw" || im.SHA256 != hex.EncodeToString(sum[:]) || !bytes.Equal(e.imageData(im.Name), data) {
 		t.Fatalf("image %+v", im)
 	}
 	if !strings.Contains(stderr, "uploading") || !strings.Contains(stderr, "hashing") {
 		t.Fatalf("no progress bar on stderr: %q", stderr)
 	}
-	_, _, err = e.run("--token", tAdmin, "images", "upload", p, "--version", "x", "--sha256", strings.Repeat("0", 64), "-q")
+	p2 := filepath.Join(t.TempDir(), "other.img")
+	if err := os.WriteFile(p2, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = e.run("--token", tAdmin, "images", "upload", p2, "--version", "x", "--sha256", strings.Repeat("0", 64), "-q")
 	if err == nil || !strings.Contains(err.Error(), "400") {
 		t.Fatalf("wrong digest accepted: %v", err)
 	}
@@ -302,10 +350,11 @@ func TestCLIImagesAndProvision(t *testing.T) {
 
 	a := e.machine("w", 3, store.StateAvailable)
 	out = e.admin("machines", "provision", a.ID, "--image", im.ID, "--role", "worker", "--hostname", "w3", "--label", "pool=gpu")
-	if !strings.Contains(out, "provisioning") {
+	// The claim waits on the available machine until its agent's next task poll starts the build.
+	if !strings.Contains(out, a.ID) || !strings.Contains(out, "available") {
 		t.Fatalf("provision: %s", out)
 	}
-	got, _ := e.f.GetMachine(a.ID)
+	got, _ := e.st.GetMachine(a.ID)
 	if got.Claim == nil || got.Claim.Role != "worker" || got.Claim.Labels["pool"] != "gpu" || got.Claim.Hostname != "w3" {
 		t.Fatalf("claim %+v", got.Claim)
 	}
@@ -316,7 +365,7 @@ func TestCLIImagesAndProvision(t *testing.T) {
 	if !strings.Contains(out, "10.99.1.10") || strings.Contains(out, "s3cret") {
 		t.Fatalf("bmc: %s", out)
 	}
-	if e.f.Password("bmc/"+strings.Fields(strings.Split(out, "\n")[1])[0]) != "s3cret" {
+	if e.password("bmc/"+a.ID) != "s3cret" {
 		t.Fatalf("password not stored: %s", out)
 	}
 	_, _, err = e.run("--token", tAdmin, "bmc", "enroll", a.ID, "--address", "x", "--username", "u")
@@ -327,7 +376,7 @@ func TestCLIImagesAndProvision(t *testing.T) {
 
 func TestCLIEventsFollow(t *testing.T) {
 	e := newCLIEnv(t)
-	e.f.AddEvent(store.Event{Subject: "machine/m-1", Kind: "created", To: "registered", Actor: "token:admin"})
+	e.addEvent(store.Event{Subject: "machine/m-1", Kind: "created", To: "registered", Actor: "token:admin"})
 	out := e.admin("events")
 	if !strings.Contains(out, "machine/m-1") || !strings.Contains(out, "-→registered") {
 		t.Fatalf("events:\n%s", out)
@@ -356,7 +405,7 @@ func TestCLIEventsFollow(t *testing.T) {
 	}
 	waitFor("machine/m-1")
 	time.Sleep(300 * time.Millisecond) // the follower is now long-polling
-	e.f.AddEvent(store.Event{Subject: "machine/m-2", Kind: "transition", From: "available", To: "provisioning"})
+	e.addEvent(store.Event{Subject: "machine/m-2", Kind: "transition", From: "available", To: "provisioning"})
 	waitFor("machine/m-2")
 	cancel()
 	select {
@@ -371,11 +420,13 @@ func TestCLIEventsFollow(t *testing.T) {
 	dec := json.NewDecoder(strings.NewReader(buf.String()))
 	n := 0
 	for dec.More() {
-		var ev store.Event
+		var ev api.Event
 		if err := dec.Decode(&ev); err != nil {
 			t.Fatal(err)
 		}
-		n++
+		if strings.HasPrefix(ev.Subject, "machine/") { // the store's own (node/...) events aside
+			n++
+		}
 	}
 	if n != 2 {
 		t.Fatalf("%d events printed:\n%s", n, buf.String())
@@ -390,7 +441,7 @@ func TestCLIYAMLIntegersAndEventMessages(t *testing.T) {
 	e := newCLIEnv(t)
 	m := e.machine("node-y", 1, store.StateAvailable)
 	m.Discovered = &store.Hardware{MemoryBytes: 479645696, Disks: []store.Disk{{Name: "vda", SizeBytes: 67108864}}}
-	if _, err := e.f.PutMachine(context.Background(), m, store.W{}); err != nil {
+	if _, err := e.st.PutMachine(context.Background(), m, store.W{}); err != nil {
 		t.Fatal(err)
 	}
 	out := e.admin("machines", "get", m.ID, "-o", "yaml")
@@ -398,7 +449,7 @@ func TestCLIYAMLIntegersAndEventMessages(t *testing.T) {
 		t.Fatalf("yaml numbers:\n%s", out)
 	}
 
-	e.f.AddEvent(store.Event{Subject: "machine/" + m.ID, Kind: "step", To: "succeeded", Actor: "agent",
+	e.addEvent(store.Event{Subject: "machine/" + m.ID, Kind: "step", To: "succeeded", Actor: "agent",
 		Message: "write: 26214400 bytes in 1.1s\tline two\nthree"})
 	out = e.admin("events")
 	if !strings.Contains(out, "MESSAGE") || !strings.Contains(out, "write: 26214400 bytes in 1.1s line two three") {

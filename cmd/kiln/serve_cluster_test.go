@@ -79,6 +79,10 @@ func TestServeClusterLeaderSIGKILL(t *testing.T) {
 	c := newServeNode(t, "site-c", []string{a.fwd, b.fwd})
 	nodes := []*serveNode{a, b, c}
 	procs := map[*serveNode]*served{a: a.start(t)}
+	// Each joiner gets its own one-time token (`kiln cluster token create`);
+	// raft and the forward RPC then run over mutual TLS.
+	b.setJoinToken(t, joinToken(t, a.bin, procs[a]))
+	c.setJoinToken(t, joinToken(t, a.bin, procs[a]))
 	procs[b] = b.start(t)
 	procs[c] = c.start(t)
 	t.Cleanup(func() {

@@ -1,7 +1,8 @@
-// Package storetest runs in-process store clusters for tests: n nodes on
-// 127.0.0.1 with short raft timeouts, each in its own t.TempDir, with
-// helpers to stop, restart and find the leader. Set KILN_STORE_LOG=1 to
-// see the nodes' logs on stderr.
+// Package storetest gives tests real stores: NewLocal, a local store (the
+// real apply path over a temporary bbolt file, no raft; store.OpenLocal), and
+// NewCluster, in-process raft clusters of n nodes on 127.0.0.1 with short
+// raft timeouts, each in its own t.TempDir, with helpers to stop, restart and
+// find the leader. Set KILN_STORE_LOG=1 to see the stores' logs on stderr.
 package storetest
 
 import (
@@ -10,10 +11,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"kiln/store"
+	"kiln/store/pki"
 )
 
 // Short raft timing for tests (loopback, -race, 2 CPUs).
@@ -26,11 +29,55 @@ const (
 )
 
 // Config returns a store.Config for node id in dir on 127.0.0.1 (ports
-// chosen by the kernel) with the short timeouts above.
+// chosen by the kernel) with the short timeouts above and a certificate for
+// id from the test site CA (Site).
 func Config(id, dir string) store.Config {
 	return store.Config{NodeID: id, DataDir: dir, RaftAddr: "127.0.0.1:0", ForwardAddr: "127.0.0.1:0",
 		HeartbeatTimeout: HeartbeatTimeout, ElectionTimeout: ElectionTimeout,
-		LeaderLeaseTimeout: LeaderLeaseTimeout, CommitTimeout: CommitTimeout, ApplyTimeout: ApplyTimeout}
+		LeaderLeaseTimeout: LeaderLeaseTimeout, CommitTimeout: CommitTimeout, ApplyTimeout: ApplyTimeout,
+		Identity: Identity(id)}
+}
+
+var (
+	siteOnce sync.Once
+	site     *pki.Identity
+)
+
+// Site is the test process's site CA (made once, on first use, as the
+// identity of a node "storetest-ca"): every Config of one test binary
+// trusts it, as the nodes of one site do.
+func Site() *pki.Identity {
+	siteOnce.Do(func() {
+		var err error
+		if site, err = pki.NewSite("storetest-ca", time.Now()); err != nil {
+			panic("storetest: site CA: " + err.Error())
+		}
+	})
+	return site
+}
+
+// Identity returns a fresh key and a certificate for node id signed by Site.
+func Identity(id string) *pki.Identity {
+	return IdentityFrom(Site(), id)
+}
+
+// IdentityFrom returns a fresh key and a certificate for node id signed by
+// the CA of ca (which must hold the CA key); the identity carries that CA
+// and its key, as an enrolled node's does.
+func IdentityFrom(ca *pki.Identity, id string) *pki.Identity {
+	key, err := pki.NewKey()
+	if err != nil {
+		panic("storetest: key: " + err.Error())
+	}
+	csr, err := pki.NewCSR(key, id)
+	if err != nil {
+		panic("storetest: csr: " + err.Error())
+	}
+	cert, err := ca.Sign(csr, id, time.Now())
+	if err != nil {
+		panic("storetest: sign: " + err.Error())
+	}
+	return &pki.Identity{CA: ca.CA, CAKey: ca.CAKey, Cert: cert, Key: key}
 }
 
 // Logger returns a discard logger, or a stderr text logger when

@@ -43,7 +43,7 @@ const (
 	maxDisks     = 64    // disks per machine
 	maxCPUs      = 65536 // logical CPUs per machine
 	maxMemoryGiB = 1 << 20
-	maxRackUnit  = 100
+	maxRackUnit  = rules.MaxRackUnit
 )
 
 // Row is one parsed machine with the 1-based line it started on.

@@ -3,8 +3,11 @@
 // machine names (CheckName), free text (CheckText, TextRune, Printable: no
 // control, line-separator or bidirectional characters), labels
 // (CheckLabel), host names (CheckHostname), BMC addresses (CheckHostPort),
-// the sanitising of text that comes from machines (SanitizeText), and the
-// limits they apply (MaxNameLen, MaxTextLen, MaxDescriptionLen,
+// the sanitising of text that comes from machines (SanitizeText), the
+// record-level checks built from them (CheckIntended for a machine's
+// operator-owned fields, CheckHardware, CheckLabels, CheckClaim, returning
+// *FieldError with the field's JSON path), BMC drivers (CheckBMCDriver),
+// image formats (CheckImageFormat), and the limits they apply (MaxNameLen, MaxTextLen, MaxDescriptionLen,
 // MaxLabelKeyLen, MaxLabelValueLen, MaxHostnameLen; bytes of UTF-8).
 //
 // Every path that accepts such a value calls these functions, so a value one
@@ -16,7 +19,8 @@
 // value; the caller names the field (a JSON path in the API, a column in an
 // import row).
 //
-// The package imports only the standard library. It belongs to the domain
+// The package imports only the standard library and the store's record
+// types (and its one MAC rule, store.ParseMachineMAC). It belongs to the domain
 // (appliance/lifecycle and the packages under it), which package api may
 // import (deploy/scripts/depcheck).
 package rules

@@ -134,7 +134,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.ReadTestBytes <= 0 {
 		cfg.ReadTestBytes = DefaultReadTestBytes
 	}
-	return &Agent{cfg: cfg}, nil
+	return &Agent{cfg: cfg, log: slog.New(slog.DiscardHandler)}, nil
 }
 
 func (a *Agent) say(format string, args ...any) {
@@ -286,27 +286,14 @@ func (p *progress) end() {
 }
 
 // Run registers (sending the inventory), then polls for tasks and carries them out until
-// ctx ends or a provision/poweroff task ends in Config.Reboot. Appliance errors after all
-// retries are retried again after PollAfter; Run only returns on ctx end or reboot.
+// ctx ends or a provision/poweroff task ends in Config.Reboot. An inspect task that answers
+// a poll runs the inspection again (Inspect); one that answers the registration that has
+// just sent the inventory means the inspection is done, and the agent waits. Appliance
+// errors after all retries are retried again after PollAfter; Run only returns on ctx end
+// or reboot.
 func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
 	a.log = log.With("component", "agent")
-	inv, err := inventory.Collect(a.cfg.Root)
-	if err != nil {
-		a.log.Warn("inventory incomplete", "err", err)
-	}
-	if disks, derr := a.cfg.ListDisks(); derr == nil {
-		inv.Disks = disks
-	}
-	if inv.BMCAddress == "" {
-		ip, err := BMCAddress(a.cfg.IPMIDevice, 2*time.Second)
-		if err != nil {
-			a.say("bmc: not visible in-band: %v", err)
-		} else {
-			a.say("bmc: %s", ip)
-		}
-		inv.BMCAddress = ip
-	}
-	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20, len(inv.Disks), len(inv.NICs))
+	inv := a.collect()
 	var task agentapi.Task
 	for {
 		err := a.call(ctx, http.MethodPost, "/v1/agent/register", agentapi.Registration{
@@ -323,6 +310,7 @@ func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
 		}
 	}
 	a.say("registered with %s", a.cfg.URL)
+	registered := true // task answers a registration that has just sent the inventory
 	for {
 		a.say("task %s", task.Action)
 		switch task.Action {
@@ -338,10 +326,23 @@ func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
 			}
 		case agentapi.ActionErase:
 			_ = a.Erase(ctx, &task)
+		case agentapi.ActionInspect:
+			if registered {
+				break // the inventory just sent is the inspection
+			}
+			next, err := a.Inspect(ctx)
+			if err == nil {
+				task = next
+				continue // registered again: next answers it
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 		case agentapi.ActionPowerOff:
 			a.say("powering off")
 			return a.cfg.Reboot(false)
 		}
+		registered = false
 		poll := task.PollAfter
 		if poll <= 0 {
 			poll = DefaultPollAfter
@@ -363,6 +364,56 @@ func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
 		}
 		task = next
 	}
+}
+
+// collect gathers the inventory the agent registers with: inventory.Collect(Root) (a
+// partial inventory is sent as it is, with a warning), the disks from ListDisks, and the
+// BMC's address read in-band when the inventory has none.
+func (a *Agent) collect() agentapi.Inventory {
+	inv, err := inventory.Collect(a.cfg.Root)
+	if err != nil {
+		a.log.Warn("inventory incomplete", "err", err)
+	}
+	if disks, derr := a.cfg.ListDisks(); derr == nil {
+		inv.Disks = disks
+	}
+	if inv.BMCAddress == "" {
+		ip, err := BMCAddress(a.cfg.IPMIDevice, 2*time.Second)
+		if err != nil {
+			a.say("bmc: not visible in-band: %v", err)
+		} else {
+			a.say("bmc: %s", ip)
+		}
+		inv.BMCAddress = ip
+	}
+	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20, len(inv.Disks), len(inv.NICs))
+	return inv
+}
+
+// Inspect runs the inspection again in the running agent (an inspect task from a poll:
+// the operator asked to re-inspect, or an erase must be followed by inspection). It
+// reports step inspect started, collects the inventory anew (collect) and sends it with
+// POST /v1/agent/register: the appliance records it, compares it with the machine's
+// intended hardware, marks step inspect succeeded and moves the machine to available or
+// quarantined. The registration's answer is the next task. A registration refused or
+// unanswered after the retries is reported as step inspect failed (internal_error) and
+// returned: a *StepError wrapping ErrAppliance or the appliance's refusal.
+func (a *Agent) Inspect(ctx context.Context) (agentapi.Task, error) {
+	_ = a.report(ctx, agentapi.Report{Step: agentapi.StepInspect, State: agentapi.StateStarted})
+	inv := a.collect()
+	var next agentapi.Task
+	err := a.call(ctx, http.MethodPost, "/v1/agent/register", agentapi.Registration{
+		MachineID: a.cfg.MachineID, AgentVersion: Version, Inventory: inv}, &next)
+	if err != nil {
+		se := &StepError{Step: agentapi.StepInspect, Reason: agentapi.ReasonInternal, Err: fmt.Errorf("send inventory: %w", err)}
+		if ctx.Err() != nil {
+			se.Reason = agentapi.ReasonTimeout
+		}
+		_ = a.report(ctx, agentapi.Report{Step: agentapi.StepInspect, State: agentapi.StateFailed, Reason: se.Reason, Message: se.Err.Error()})
+		return agentapi.Task{}, se
+	}
+	a.say("step %s done: %d CPUs, %d disks, %d NICs sent", agentapi.StepInspect, inv.CPUs, len(inv.Disks), len(inv.NICs))
+	return next, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -30,7 +30,8 @@ type fakeAppliance struct {
 	mu      sync.Mutex
 	tasks   []agentapi.Task // handed out in order (register, then each poll); then poweroff
 	reports []agentapi.Report
-	reg     *agentapi.Registration
+	reg     *agentapi.Registration // the last registration
+	regs    int                    // registrations received (answered or not)
 	images  map[string][]byte
 	// imageHook may alter the body of one GET (n = 0-based request count for that path).
 	imageHook func(w http.ResponseWriter, r *http.Request, n int, data []byte) bool
@@ -59,6 +60,7 @@ func newFakeAppliance(t *testing.T) *fakeAppliance {
 			return
 		}
 		fa.mu.Lock()
+		fa.regs++
 		if fa.failRegister > 0 {
 			fa.failRegister--
 			fa.mu.Unlock()

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"kiln/api/client"
 	"kiln/deploy/lab/testreq"
-	"kiln/store"
 )
 
 // repoRoot is the module root (this file lives in deploy/lab/e2e).
@@ -84,7 +84,7 @@ func TestE2EUEFI(t *testing.T) {
 func TestE2EDiskTooSmall(t *testing.T) {
 	gate(t)
 	r := run(t, Options{Firmware: "bios", BMC: "ipmi", DiskMiB: 8, ImageMiB: 24, WantReason: "disk_too_small"})
-	if r.FinalState != store.StateFailed || r.Reason != "disk_too_small" {
+	if r.FinalState != client.StateFailed || r.Reason != "disk_too_small" {
 		t.Fatalf("machine ended %s (%s), want failed (disk_too_small)", r.FinalState, r.Reason)
 	}
 	if !r.DiskUntouched {
@@ -95,7 +95,7 @@ func TestE2EDiskTooSmall(t *testing.T) {
 
 func checkProvisioned(t *testing.T, fw string, r *Result) {
 	t.Helper()
-	if r.FinalState != store.StateProvisioned {
+	if r.FinalState != client.StateProvisioned {
 		t.Fatalf("machine ended %s (%s), want provisioned", r.FinalState, r.Reason)
 	}
 	if !r.DiskImageOK {

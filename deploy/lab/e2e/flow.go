@@ -22,11 +22,11 @@ import (
 	"time"
 
 	"kiln/api"
+	"kiln/api/client"
 	"kiln/cmd/kiln-agent/agent"
 	"kiln/deploy/lab/ipmilab"
 	"kiln/deploy/lab/labimage"
 	"kiln/deploy/lab/labnet"
-	"kiln/store"
 )
 
 // Options of one run.
@@ -49,7 +49,7 @@ type Options struct {
 // Result of a run.
 type Result struct {
 	MachineID     string
-	FinalState    store.MachineState
+	FinalState    client.MachineState
 	Reason        string
 	PowerOnAt     time.Time
 	Seconds       float64 // power-on → final state
@@ -139,76 +139,71 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		mode = "uefi"
 	}
 	csv := fmt.Sprintf("name,macs,boot_mode,rack,u,labels\nlab-%s,%s,%s,lab-r1,1,lab=e2e\n", o.Firmware, vmMAC, mode)
-	csvPath := filepath.Join(o.Work, "plan.csv")
-	if err := os.WriteFile(csvPath, []byte(csv), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(o.Work, "plan.csv"), []byte(csv), 0o644); err != nil {
 		return nil, err
 	}
-	if _, err := k.cli(ctx, "import", csvPath, "-o", "json"); err != nil {
-		return nil, err
+	imp, err := k.api.ImportMachines(ctx, "csv", strings.NewReader(csv))
+	if err != nil {
+		return nil, fmt.Errorf("import: %w", err)
 	}
-	var ml api.MachineList
-	if err := k.cliJSON(ctx, &ml, "machines", "list"); err != nil {
-		return nil, err
+	ms, err := k.api.ListAllMachines(ctx, client.MachineQuery{})
+	if err != nil {
+		return nil, fmt.Errorf("machines list: %w", err)
 	}
-	if len(ml.Items) != 1 {
-		return nil, fmt.Errorf("after import: %d machines, want 1", len(ml.Items))
+	if imp.Created != 1 || len(ms) != 1 || ms[0].ID != imp.IDs[0] {
+		return nil, fmt.Errorf("after import: %d created, %d machines, want 1", imp.Created, len(ms))
 	}
-	r.MachineID = ml.Items[0].ID
-	say("import: machine %s (%s) registered", r.MachineID, ml.Items[0].Name)
+	r.MachineID = ms[0].ID
+	say("import: machine %s (%s) registered", r.MachineID, ms[0].Name)
 
-	out, err := k.cli(ctx, "images", "upload", img.Path, "--name", "lab-image", "--version", "1",
-		"--sha256", img.SHA256, "-q", "-o", "json")
+	im, err := uploadImage(ctx, k.api, img)
 	if err != nil {
 		return nil, err
 	}
-	var im store.Image
-	if err := json.Unmarshal(out, &im); err != nil {
-		return nil, fmt.Errorf("images upload output: %v: %s", err, out)
-	}
 	say("image: uploaded as %s (%s)", im.ID, im.Name)
 
-	pwFile := filepath.Join(o.Work, "bmc.pw")
-	if err := os.WriteFile(pwFile, []byte(bmcPass), 0o600); err != nil {
-		return nil, err
-	}
-	enroll := []string{"bmc", "enroll", r.MachineID, "--address", bmcAddr, "--driver", driver,
-		"--username", bmcUser, "--password-file", pwFile}
-	if driver == "redfish" {
-		enroll = append(enroll, "--insecure-tls")
-	}
-	if _, err := k.cli(ctx, enroll...); err != nil {
-		return nil, err
+	if _, err := k.api.EnrollBMC(ctx, r.MachineID, api.BMCEnrollRequest{Address: bmcAddr, Driver: driver,
+		Username: bmcUser, Password: bmcPass, InsecureTLS: driver == "redfish"}); err != nil {
+		return nil, fmt.Errorf("bmc enroll: %w", err)
 	}
 	say("bmc: enrolled; Kiln sets next boot to PXE and powers the machine on")
 
 	// Follow events until the machine settles.
 	w := &watcher{k: k, o: o, id: r.MachineID, stateDir: stateDir, say: say}
-	if err := w.until(ctx, func(m store.Machine) bool {
-		return m.State == store.StateAvailable || m.State == store.StateFailed || m.State == store.StateQuarantined
+	if err := w.until(ctx, func(m api.Machine) bool {
+		return m.State == client.StateAvailable || m.State == client.StateFailed || m.State == client.StateQuarantined
 	}); err != nil {
 		return r, err
 	}
-	if w.last.State != store.StateAvailable {
+	if w.last.State != client.StateAvailable {
 		return r, fmt.Errorf("inspection ended %s (%s): %s", w.last.State, w.last.Reason, w.last.Message)
 	}
 	say("claim: provisioning %s with %s", r.MachineID, im.ID)
-	if _, err := k.cli(ctx, "machines", "provision", r.MachineID, "--image", im.ID,
-		"--hostname", "lab-node-1", "--role", "worker", "--label", "lab=e2e", "--reason", "e2e"); err != nil {
-		return r, err
+	if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: api.Claim{Image: im.ID,
+		Hostname: "lab-node-1", Role: "worker", Labels: map[string]string{"lab": "e2e"}}}); err != nil {
+		return r, fmt.Errorf("provision: %w", err)
 	}
-	if err := w.until(ctx, func(m store.Machine) bool {
-		return m.State == store.StateProvisioned || m.State == store.StateFailed || m.State == store.StateQuarantined
+	if err := w.until(ctx, func(m api.Machine) bool {
+		return m.State == client.StateProvisioned || m.State == client.StateFailed || m.State == client.StateQuarantined
 	}); err != nil {
 		return r, err
 	}
 	r.FinalState, r.Reason = w.last.State, w.last.Reason
 	r.PowerOnAt = w.powerOn
+	// The built binary's CLI, run as an operator runs it, sees what the client saw.
+	var seen api.Machine
+	if err := k.cliJSON(ctx, &seen, "machines", "get", r.MachineID); err != nil {
+		return r, err
+	}
+	if seen.State != r.FinalState {
+		return r, fmt.Errorf("kiln machines get %s: state %s, the API client saw %s", r.MachineID, seen.State, r.FinalState)
+	}
 	if !w.powerOn.IsZero() {
 		r.Seconds = w.lastChange.Sub(w.powerOn).Seconds()
 	}
 
 	switch {
-	case o.WantReason == "" && r.FinalState == store.StateProvisioned:
+	case o.WantReason == "" && r.FinalState == client.StateProvisioned:
 		if o.Firmware == "bios" {
 			// The reboot's iPXE script exits to the local disk; SeaBIOS then runs
 			// the image's boot sector, which prints diskMsg on the serial port.
@@ -224,7 +219,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return r, err
 		}
 		say("disk: every byte as expected (image, partition table, cidata, zeros): %v %s; cidata files: %d", r.DiskImageOK, r.DiskProblem, len(r.Cidata))
-	case o.WantReason != "" && r.FinalState == store.StateFailed:
+	case o.WantReason != "" && r.FinalState == client.StateFailed:
 		stopVM(ctx, k, r.MachineID, lab)
 		r.DiskUntouched, err = allZero(disk)
 		if err != nil {
@@ -304,12 +299,18 @@ func buildImage(o Options) (labimage.Image, error) {
 	return img, err
 }
 
+// kiln is the running appliance: api reaches its REST API inside the
+// server namespace; cli runs its CLI there.
 type kiln struct {
 	lab     *labnet.Lab
 	root    string
 	data    string
 	logPath string
+	api     *client.Client
 }
+
+// apiURL is where the lab's Kiln serves its API, inside the server namespace.
+const apiURL = "http://127.0.0.1:7480"
 
 func startKiln(ctx context.Context, o Options, lab *labnet.Lab) (*kiln, error) {
 	data := filepath.Join(o.Work, "kiln-data")
@@ -362,22 +363,58 @@ lifecycle:
 		return nil, err
 	}
 	go func() { _ = cmd.Wait(); logf.Close() }()
+	hc := nsHTTPClient(lab.Srv)
+	anon, err := client.New(client.Config{Server: apiURL, HTTPClient: hc})
+	if err != nil {
+		return nil, err
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := k.cli(ctx, "status", "-o", "json"); err == nil {
-			return k, nil
-		} else if time.Now().After(deadline) {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := anon.Ready(rctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("kiln did not become ready in 30 s (see %s): %w", k.logPath, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	tok, err := os.ReadFile(filepath.Join(data, "admin.token"))
+	if err != nil {
+		return nil, fmt.Errorf("admin token: %w", err)
+	}
+	if k.api, err = client.New(client.Config{Server: apiURL, Token: strings.TrimSpace(string(tok)), HTTPClient: hc}); err != nil {
+		return nil, err
+	}
+	if _, err := k.api.SiteStatus(ctx); err != nil {
+		return nil, fmt.Errorf("site status with the admin token: %w", err)
+	}
+	return k, nil
+}
+
+// uploadImage streams the lab image to Kiln, which checks it against its
+// SHA-256 as it stores it.
+func uploadImage(ctx context.Context, c *client.Client, img labimage.Image) (api.Image, error) {
+	f, err := os.Open(img.Path)
+	if err != nil {
+		return api.Image{}, err
+	}
+	defer f.Close()
+	im, err := c.UploadImage(ctx, client.ImageMeta{Name: "lab-image", Version: "1", SHA256: img.SHA256,
+		Source: filepath.Base(img.Path)}, f, img.Size)
+	if err != nil {
+		return api.Image{}, fmt.Errorf("image upload: %w", err)
+	}
+	return im, nil
 }
 
 // cli runs bin/kiln inside the server namespace, where the API listens on
 // 127.0.0.1, with the admin token of this run.
 func (k *kiln) cli(ctx context.Context, args ...string) ([]byte, error) {
 	cmd := k.lab.Command(ctx, k.lab.Srv, filepath.Join(k.root, "bin/kiln"), args...)
-	cmd.Env = append(os.Environ(), "KILN_SERVER=http://127.0.0.1:7480", "KILN_TOKEN_FILE="+filepath.Join(k.data, "admin.token"), "KILN_TOKEN=")
+	cmd.Env = append(os.Environ(), "KILN_SERVER="+apiURL, "KILN_TOKEN_FILE="+filepath.Join(k.data, "admin.token"), "KILN_TOKEN=")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -406,12 +443,12 @@ type watcher struct {
 	stateDir   string
 	say        func(string, ...any)
 	after      uint64
-	last       store.Machine
+	last       api.Machine
 	powerOn    time.Time
 	lastChange time.Time
 }
 
-func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) error {
+func (w *watcher) until(ctx context.Context, done func(api.Machine) bool) error {
 	for {
 		if w.powerOn.IsZero() {
 			// Power-on as the VM sees it: the BMC started qemu with a serial log.
@@ -421,27 +458,25 @@ func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) erro
 			}
 		}
 		// The machine first, then the events: every event up to its state is printed.
-		var m store.Machine
-		if err := w.k.cliJSON(ctx, &m, "machines", "get", w.id); err != nil {
-			return err
-		}
-		out, err := w.k.cli(ctx, "events", "--after", strconv.FormatUint(w.after, 10), "-o", "json")
+		m, err := w.k.api.GetMachine(ctx, w.id)
 		if err != nil {
-			return err
+			return fmt.Errorf("machines get %s: %w", w.id, err)
 		}
-		dec := json.NewDecoder(bytes.NewReader(out))
-		for dec.More() {
-			var e store.Event
-			if err := dec.Decode(&e); err != nil {
-				return fmt.Errorf("kiln events: %w", err)
+		for {
+			el, err := w.k.api.Events(ctx, client.EventQuery{After: w.after, Limit: api.MaxListLimitCap})
+			if err != nil {
+				return fmt.Errorf("events after %d: %w", w.after, err)
 			}
-			if e.Index > w.after {
-				w.after = e.Index
+			for _, e := range el.Events {
+				if e.Kind == "transition" && e.Subject == "machine/"+w.id {
+					w.lastChange = e.Time // the leader's clock, on this host
+				}
+				w.print(e)
 			}
-			if e.Kind == "transition" && e.Subject == "machine/"+w.id {
-				w.lastChange = e.Time // the leader's clock, on this host
+			w.after = el.Next
+			if len(el.Events) < api.MaxListLimitCap {
+				break
 			}
-			w.print(e)
 		}
 		w.last = m
 		if done(m) {
@@ -455,7 +490,7 @@ func (w *watcher) until(ctx context.Context, done func(store.Machine) bool) erro
 	}
 }
 
-func (w *watcher) print(e store.Event) {
+func (w *watcher) print(e api.Event) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "  event %-5d %-10s %-22s", e.Index, e.Kind, e.Subject)
 	if e.From != "" || e.To != "" {

@@ -50,6 +50,7 @@ func TestForbiddenImportsFail(t *testing.T) {
 		{"kiln/cmd/kiln", "imports kiln/dhcp;"},
 		{"kiln/cmd/kiln-agent", "imports kiln/store; cmd/kiln-agent may import cmd/kiln-agent/..., api/agentapi"},
 		{"kiln/deploy/lab/e2e", "imports kiln/appliance;"},
+		{"kiln/deploy/lab/e2e", "imports kiln/store; deploy/lab/e2e may import deploy/lab/..., api/..., cmd/kiln-agent/agent"},
 		{"kiln/dhcp", "imports kiln/store; dhcp may import dhcp/..."},
 		{"kiln/httpboot", "imports kiln/store;"}, // from httpboot_windows.go, which this build ignores
 		{"kiln/tftp (test)", "imports kiln/store; tests of tftp may import tftp/..., deploy/lab/..."},

@@ -39,12 +39,11 @@ var rules = []rule{
 	// deploy.
 	{folder: "appliance", may: []string{"appliance/...", "api/...", "store/...", "dhcp/...", "tftp/...", "httpboot/...", "bmc/..."}, tests: lab},
 
-	// cmd/kiln runs the appliance and is the CLI over the REST API: it
-	// imports appliance and api (the client and the wire types). It imports
-	// the package kiln/store too, because the CLI still decodes REST bodies
-	// into store types; that entry goes once api's view types carry every
-	// body (issue 11).
-	{folder: "cmd", may: []string{"cmd/...", "appliance/...", "api/...", "store"}, tests: append([]string{"store/..."}, lab...)},
+	// cmd/kiln runs the appliance (`kiln serve`) and is the CLI over the
+	// REST API: it imports appliance and api (the client, kiln/api/client,
+	// and the wire types), never the store, whose records the CLI sees only
+	// as api's views. Its tests may run the real store (store/storetest).
+	{folder: "cmd", may: []string{"cmd/...", "appliance/...", "api/..."}, tests: append([]string{"store/..."}, lab...)},
 	// The in-RAM agent shares only the agent API's wire types with Kiln.
 	{folder: "cmd/kiln-agent", may: []string{"cmd/kiln-agent/...", "api/agentapi"}, tests: lab},
 
@@ -53,12 +52,12 @@ var rules = []rule{
 	// a lab fake with Kiln's own protocol code as the peer (vbmc with bmc).
 	{folder: "deploy", may: []string{"deploy/..."}, tests: []string{"dhcp/...", "tftp/...", "httpboot/...", "bmc/..."}},
 	// The end-to-end flow drives the built binaries from outside, as an
-	// operator does: through the REST API's client and wire types (and the
-	// store's types, as the CLI does until the view types land), never by
-	// importing appliance. It reads the agent's specification of the disk
-	// it must find after a build (cmd/kiln-agent/agent: the stage
+	// operator does: through the REST API's client and wire types
+	// (kiln/api/client, kiln/api) and the built CLI, never by importing
+	// appliance or the store. It reads the agent's specification of the
+	// disk it must find after a build (cmd/kiln-agent/agent: the stage
 	// partition's size and layout), which imports only api/agentapi.
-	{folder: "deploy/lab/e2e", may: []string{"deploy/lab/...", "api/...", "store", "cmd/kiln-agent/agent"}},
+	{folder: "deploy/lab/e2e", may: []string{"deploy/lab/...", "api/...", "cmd/kiln-agent/agent"}},
 	{folder: "deploy/lab/demo", may: []string{"deploy/lab/..."}},
 	// The scripts (depcheck, pkgcheck) read the repository as data and
 	// import nothing of Kiln's, so they run on a tree that does not build.

@@ -4,5 +4,4 @@ import (
 	_ "kiln/api"
 	_ "kiln/api/client"
 	_ "kiln/appliance"
-	_ "kiln/store"
 )

@@ -4,5 +4,4 @@ import (
 	_ "kiln/api"
 	_ "kiln/api/client"
 	_ "kiln/deploy/lab/qemuvm"
-	_ "kiln/store"
 )

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// kilnCLI runs the kiln binary as a client of s (--server, --token) and
+// returns its stdout; a non-zero exit fails the test unless wantErr.
+func kilnCLI(t *testing.T, bin string, s *served, wantErr bool, args ...string) (string, string) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--server", s.api, "--token", s.token}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if (err != nil) != wantErr {
+		t.Fatalf("kiln %s: %v (want error: %v)\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, wantErr, out.String(), errb.String())
+	}
+	return out.String(), errb.String()
+}
+
+// joinToken creates a join token on s with `kiln cluster token create -o json`.
+func joinToken(t *testing.T, bin string, s *served) string {
+	t.Helper()
+	out, _ := kilnCLI(t, bin, s, false, "cluster", "token", "create", "--ttl", "15m", "-o", "json")
+	var tok struct {
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal([]byte(out), &tok); err != nil || !strings.HasPrefix(tok.Token, "kiln1.") {
+		t.Fatalf("token create -o json: %q (%v)", out, err)
+	}
+	return tok.Token
+}
+
+// setJoinToken adds raft.join_token to n's config file.
+func (n *serveNode) setJoinToken(t *testing.T, token string) {
+	t.Helper()
+	b, err := os.ReadFile(n.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Replace(string(b), "\nboot:\n", "\n  join_token: "+token+"\nboot:\n", 1)
+	if err := os.WriteFile(n.cfg, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCLIClusterMembersAndRemove: `kiln cluster members` (table and -o
+// json) lists a bootstrap node and a node joined with a token from
+// `kiln cluster token create`; `kiln cluster remove` removes it; a second
+// use of the token is refused and the node says why.
+func TestCLIClusterMembersAndRemove(t *testing.T) {
+	a := newServeNode(t, "cli-a", nil)
+	b := newServeNode(t, "cli-b", []string{a.fwd})
+	c := newServeNode(t, "cli-c", []string{a.fwd})
+	pa := a.start(t)
+	tok := joinToken(t, a.bin, pa)
+	b.setJoinToken(t, tok)
+	b.start(t)
+
+	out, _ := kilnCLI(t, a.bin, pa, false, "cluster", "members")
+	if !strings.Contains(out, "cli-a") || !strings.Contains(out, "cli-b") || !strings.Contains(out, "leader") ||
+		!strings.Contains(out, "CERT SERIAL") || !strings.Contains(out, "bootstrap") {
+		t.Fatalf("members table:\n%s", out)
+	}
+	out, _ = kilnCLI(t, a.bin, pa, false, "cluster", "members", "-o", "json")
+	var list struct {
+		Items []struct {
+			ID         string `json:"id"`
+			CertSerial string `json:"cert_serial"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list.Items) != 2 {
+		t.Fatalf("members -o json: %s (%v)", out, err)
+	}
+
+	// The same token again: the third node does not start, and says why.
+	c.setJoinToken(t, tok)
+	cmd := exec.Command(c.bin, "serve", "--config", c.cfg)
+	msg, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(msg), "already used by node cli-b") {
+		t.Fatalf("second use of the token: %v\n%s", err, msg)
+	}
+
+	out, _ = kilnCLI(t, a.bin, pa, false, "cluster", "remove", "cli-b")
+	if !strings.Contains(out, "removed cli-b") {
+		t.Fatalf("remove: %q", out)
+	}
+	out, _ = kilnCLI(t, a.bin, pa, false, "cluster", "members", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list.Items) != 1 || list.Items[0].ID != "cli-a" {
+		t.Fatalf("members after remove: %s (%v)", out, err)
+	}
+	_, stderr := kilnCLI(t, a.bin, pa, true, "cluster", "remove", "cli-a")
+	if !strings.Contains(stderr, "only voter") {
+		t.Fatalf("removing the only voter: %s", stderr)
+	}
+}
