@@ -561,3 +561,24 @@ func TestDHCPReloadKeepsLiveBinding(t *testing.T) {
 		t.Fatalf("the holder's renewal: %v, want ACK", r)
 	}
 }
+
+// boot.dhcp.balance_wait: unset leaves the dhcp default, 0s makes every
+// node answer every client at once, a negative wait is refused by Validate.
+func TestConfigBalanceWait(t *testing.T) {
+	base := "boot:\n  interface: eth1\n  server_ip: 10.96.0.1\n  dhcp:\n    enabled: true\n    subnets:\n      - cidr: 10.96.0.0/24\n        pool_start: 10.96.0.100\n        pool_end: 10.96.0.139\n"
+	cfg, err := LoadConfig(writeConfig(t, base))
+	if err != nil || cfg.Boot.DHCP.BalanceWait != nil {
+		t.Fatalf("unset: %v %v", cfg.Boot.DHCP.BalanceWait, err)
+	}
+	cfg, err = LoadConfig(writeConfig(t, base+"    balance_wait: 0s\n"))
+	if err != nil || cfg.Boot.DHCP.BalanceWait == nil || *cfg.Boot.DHCP.BalanceWait != 0 {
+		t.Fatalf("0s: %v %v", cfg.Boot.DHCP.BalanceWait, err)
+	}
+	cfg, err = LoadConfig(writeConfig(t, base+"    balance_wait: -1s\n"))
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err == nil || !strings.Contains(err.Error(), "balance_wait") {
+		t.Fatalf("negative balance_wait: %v", err)
+	}
+}
