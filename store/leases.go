@@ -401,11 +401,18 @@ func readAddrs(tx *bbolt.Tx) ([]Lease, error) {
 // and must not call the store's write or watch methods (stop included).
 // stop ends the watch. Errors: ErrClosed, ErrCorrupt.
 func (s *Store) WatchLeases(reset, applied func([]Lease)) (stop func(), err error) {
-	lf := &s.fsm.leases
+	// Lock order as on the apply path: the fsm's read lock, then the feed's.
+	f := s.fsm
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.db == nil {
+		return nil, ErrClosed
+	}
+	lf := &f.leases
 	lf.mu.Lock()
 	defer lf.mu.Unlock()
 	var all []Lease
-	if err := s.fsm.view(func(tx *bbolt.Tx) (err error) { all, err = readAddrs(tx); return err }); err != nil {
+	if err := f.db.View(func(tx *bbolt.Tx) (err error) { all, err = readAddrs(tx); return err }); err != nil {
 		return nil, err
 	}
 	reset(all)
