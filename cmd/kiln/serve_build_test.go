@@ -203,7 +203,37 @@ func TestServeRestartMidWriteEndsProvisioned(t *testing.T) {
 	s.kill(t)
 	killedAt := th.delivered.Load()
 	time.Sleep(3 * time.Second)
+	// While the node starts, a step report with the agent's token every
+	// 20 ms: until the restarted node acknowledges one, each answer must be
+	// "retry" (no connection, 5xx), never 403 (issue 12: the restarted
+	// node refused the agent's token while its store replayed the log).
+	codes := make(chan map[int]int, 1)
+	go func() {
+		seen := map[int]int{}
+		defer func() { codes <- seen }()
+		hb := `{"step":"write","state":"running","progress":0.3,"attempt":1}`
+		for end := time.Now().Add(serveReadyWithin); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			req, _ := http.NewRequest("POST", url[1]+"/v1/agent/report", strings.NewReader(hb))
+			req.Header.Set("Authorization", "Bearer "+tok[1])
+			req.Header.Set(agentapi.HeaderMachine, id)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				seen[0]++
+				continue
+			}
+			resp.Body.Close()
+			seen[resp.StatusCode]++
+			if resp.StatusCode < 300 {
+				return
+			}
+		}
+	}()
 	s = n.start(t)
+	probe := <-codes
+	if probe[http.StatusForbidden] > 0 || probe[http.StatusNoContent] != 1 {
+		t.Errorf("agent reports to the restarting node answered %v (status: count; 0 = no connection), want no 403 and then 204", probe)
+	}
 
 	select {
 	case script := <-rebooted:
@@ -265,6 +295,6 @@ func TestServeRestartMidWriteEndsProvisioned(t *testing.T) {
 	if !seen[agentapi.StepReboot+" "+string(agentapi.StateStarted)] {
 		t.Errorf("no reboot started report in the store")
 	}
-	t.Logf("killed at %d of %d bytes; %d bytes fetched in all, %d ranged requests; machine %s %s",
-		killedAt, imgSize, th.delivered.Load(), th.ranges.Load(), m.State, m.Reason)
+	t.Logf("killed at %d of %d bytes; %d bytes fetched in all, %d ranged requests; reports during the restart %v; machine %s %s",
+		killedAt, imgSize, th.delivered.Load(), th.ranges.Load(), probe, m.State, m.Reason)
 }
