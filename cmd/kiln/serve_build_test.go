@@ -166,9 +166,16 @@ func startMidBuild(t *testing.T, s *served, boot string) *midBuild {
 		t.Fatalf("create machine: %d %v", code, err)
 	}
 	b.id = created.ID
-	script := b.netboot()
-	tok := regexp.MustCompile(agentapi.ArgToken + `=(\S+)`).FindStringSubmatch(script)
-	url := regexp.MustCompile(agentapi.ArgURL + `=(\S+)`).FindStringSubmatch(script)
+	// A node that cannot answer yet (a follower before it has applied the
+	// machine's record) serves a script that retries: iPXE fetches again.
+	var script string
+	var tok, url []string
+	waitFor(30*time.Second, func() bool {
+		script = b.netboot()
+		tok = regexp.MustCompile(agentapi.ArgToken + `=(\S+)`).FindStringSubmatch(script)
+		url = regexp.MustCompile(agentapi.ArgURL + `=(\S+)`).FindStringSubmatch(script)
+		return tok != nil
+	})
 	if tok == nil || url == nil || !strings.Contains(script, agentapi.ArgMachine+"="+b.id) {
 		t.Fatalf("boot script for %s has no agent arguments:\n%s", b.id, script)
 	}
@@ -342,7 +349,10 @@ func TestServeRestartMidWriteEndsProvisioned(t *testing.T) {
 // to that node: token, image, reports) and the leader is SIGKILLed while
 // the agent is in the write step. The reports the follower cannot commit
 // until a new leader is elected are retried until acknowledged, and the
-// machine ends provisioned, read on every surviving node.
+// machine ends provisioned, read on every surviving node. (It needs the
+// follower to read its own forwarded writes: before, the follower's
+// lifecycle read the machine back before applying its write and left it
+// inspecting.)
 func TestServeClusterLeaderKillMidWriteEndsProvisioned(t *testing.T) {
 	a := newServeNode(t, "mid-a", nil)
 	b := newServeNode(t, "mid-b", []string{a.fwd})
@@ -382,7 +392,9 @@ func TestServeClusterLeaderKillMidWriteEndsProvisioned(t *testing.T) {
 		if n == leader {
 			continue
 		}
-		if got, err := bld.get(procs[n]); err != nil || got.State != "provisioned" {
+		var got buildMachine
+		var err error
+		if !waitFor(10*time.Second, func() bool { got, err = bld.get(procs[n]); return err == nil && got.State == "provisioned" }) {
 			t.Errorf("%s reads the machine as %+v (%v), want provisioned", n.id, got, err)
 		}
 	}
