@@ -34,7 +34,7 @@ var (
 	bMembers    = []byte("members")     // node ID → Member
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -109,16 +109,26 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		}
 	}
 	switch c.Type {
-	case CmdPutSite:
+	case CmdPutSite, CmdPutSiteV2:
 		if c.Site == nil {
-			return nil, nil, 0, fmt.Errorf("%w: put_site without site", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: %s without site", ErrBadCommand, c.Type)
 		}
-		one(c.Site)(putSimple(a, bSites, "site", c.Site))
-	case CmdPutRack:
+		if c.Type == CmdPutSiteV2 {
+			err = refuseTaken(a, bSites, "site", c.Site.Meta)
+		}
+		if err == nil {
+			one(c.Site)(putSimple(a, bSites, "site", c.Site))
+		}
+	case CmdPutRack, CmdPutRackV2:
 		if c.Rack == nil {
-			return nil, nil, 0, fmt.Errorf("%w: put_rack without rack", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: %s without rack", ErrBadCommand, c.Type)
 		}
-		one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
+		if c.Type == CmdPutRackV2 {
+			err = refuseTaken(a, bRacks, "rack", c.Rack.Meta)
+		}
+		if err == nil {
+			one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
+		}
 	case CmdPutMachines, CmdPutMachinesV2:
 		checked := c.Type == CmdPutMachinesV2
 		out = make([]json.RawMessage, 0, len(c.Machines))
@@ -167,6 +177,10 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Job)(putJob(a, c.Job))
 	case CmdPutLeases:
 		err = putLeases(a, c.Leases)
+	case CmdBindLeases:
+		if out, err = bindLeases(a, c.Leases); err != nil {
+			return nil, nil, 0, err
+		}
 	case CmdAppendEvents:
 		for _, ev := range c.Events {
 			if ev.Kind == "" || ev.Subject == "" {
@@ -200,6 +214,16 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		return nil, nil, 0, err
 	}
 	return out, recs, a.seq, nil
+}
+
+// refuseTaken is the create rule of CmdPutSiteV2 and CmdPutRackV2: a
+// create (ResourceVersion 0) of an ID the bucket holds is ErrConflict.
+func refuseTaken(a *applyCtx, bucket []byte, kind string, m Meta) error {
+	if m.ResourceVersion == 0 && m.ID != "" && a.tx.Bucket(bucket).Get([]byte(m.ID)) != nil {
+		return fmt.Errorf("%w: %s %s exists: a create (resource_version 0) never replaces a record; "+
+			"update it with its current resource_version", ErrConflict, kind, m.ID)
+	}
+	return nil
 }
 
 // putSimple is compare-and-set create/update for records without indexes.
@@ -661,6 +685,9 @@ func putLeases(a *applyCtx, ls []Lease) error {
 			return err
 		}
 		if err := b.Put([]byte(mac), raw); err != nil {
+			return err
+		}
+		if err := legacyAddr(a, l); err != nil {
 			return err
 		}
 		if cur == nil || old.IP != l.IP || old.State != l.State {

@@ -41,6 +41,8 @@ type fsm struct {
 
 	onApplyError func(code string)
 
+	leases leaseFeed // watchers of the address view (leases.go)
+
 	pmu sync.Mutex
 	pre map[*byte]predecoded // see predecode
 }
@@ -357,6 +359,9 @@ func (f *fsm) applyTx(logs []*raft.Log, dec []decoded, from, to int, marker uint
 		ix.commit()
 	}
 	f.ix.mu.Unlock()
+	if err == nil {
+		f.leases.publish(ix.leases)
+	}
 	return out, bad, err
 }
 
@@ -596,7 +601,7 @@ func (f *fsm) loadDerived() error {
 				}
 			}
 		}
-		return nil
+		return rebuildLeaseAddrs(tx)
 	}); err != nil {
 		return fmt.Errorf("%s: %w", f.path, err)
 	}
@@ -621,6 +626,9 @@ func (f *fsm) loadDerived() error {
 	f.lastEvent.Store(last)
 	f.applied.Store(applied)
 	f.notify(true)
+	if err := f.leases.resetFrom(db); err != nil {
+		return fmt.Errorf("restore: %s: %w", f.path, err)
+	}
 	return nil
 }
 

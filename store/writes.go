@@ -31,16 +31,21 @@ func one[T any](vals []json.RawMessage, recs []any, err error) (T, error) {
 	return v, json.Unmarshal(vals[0], &v)
 }
 
-// PutSite creates (empty ID → leader assigns "site-<16 hex>") or updates a
-// Site; CAS on ResourceVersion≠0. Returns the stored record. Errors:
-// ErrConflict, ErrNotFound (RV≠0 on a missing ID), ErrNotLeader.
+// PutSite creates (ResourceVersion 0; empty ID → leader assigns
+// "site-<16 hex>") or updates a Site; CAS on ResourceVersion≠0. A create
+// never replaces a record: a chosen ID the store holds is ErrConflict,
+// decided inside the raft apply (command 22, put_site_v2), so of two
+// creates of one ID one wins and the other is refused. Returns the stored
+// record. Errors: ErrConflict (stale ResourceVersion, or a create of a
+// taken ID: update it with its current resource_version), ErrNotFound
+// (RV≠0 on a missing ID), ErrNotLeader.
 func (s *Store) PutSite(ctx context.Context, v Site, w W) (Site, error) {
-	return one[Site](s.write(ctx, &command{Type: CmdPutSite, W: w, Site: &v}))
+	return one[Site](s.write(ctx, &command{Type: CmdPutSiteV2, W: w, Site: &v}))
 }
 
-// PutRack is PutSite for racks (IDs "rack-<hex>").
+// PutRack is PutSite for racks (IDs "rack-<hex>"; command 23, put_rack_v2).
 func (s *Store) PutRack(ctx context.Context, v Rack, w W) (Rack, error) {
-	return one[Rack](s.write(ctx, &command{Type: CmdPutRack, W: w, Rack: &v}))
+	return one[Rack](s.write(ctx, &command{Type: CmdPutRackV2, W: w, Rack: &v}))
 }
 
 // PutMachine creates a machine (ID empty → leader assigns "m-<16 hex>"; or
@@ -163,10 +168,13 @@ func (s *Store) PutJob(ctx context.Context, v Job, w W) (Job, error) {
 	return one[Job](s.write(ctx, &command{Type: CmdPutJob, W: w, Job: &v}))
 }
 
-// PutLeases upserts DHCP leases keyed by MAC in ONE raft command (batch
-// lease writes to save commits). Expiry is taken as given: the caller
-// (the DHCP server) fixes it before calling, never the FSM. A "lease"
-// event is appended only when a lease is new or changes IP or State.
+// PutLeases upserts DHCP leases keyed by MAC in ONE raft command
+// (CmdPutLeases, 10), checking nothing: the command of logs written before
+// BindLeases, which Kiln writes instead (it refuses a second holder). Kept
+// so tests can make such a log; its records also enter the address view
+// (AddressLeases), where a stale one never replaces a live binding.
+// Expiry is taken as given. A "lease" event is appended only when a lease
+// is new or changes IP or State.
 func (s *Store) PutLeases(ctx context.Context, ls []Lease) error {
 	if len(ls) == 0 {
 		return nil

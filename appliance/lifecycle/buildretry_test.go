@@ -71,6 +71,13 @@ func TestAgentPollMidBuildServesBuildAgain(t *testing.T) {
 	if got := h.mustState(m.ID, store.StateProvisioning); got.Step.Attempt != 2 || got.Step.State != stepPending {
 		t.Fatalf("late attempt-1 report moved the machine: %+v", got.Step)
 	}
+	recorded := false
+	for _, e := range allEvents(t, s) {
+		recorded = recorded || (e.Kind == "step" && e.To == string(agentapi.StateFailed) && e.Reason == string(agentapi.ReasonImageFetchFailed))
+	}
+	if !recorded {
+		t.Fatal("the late report is not recorded as an event")
+	}
 
 	// Attempt 2 runs; a late heartbeat and a repeated report never move it backwards.
 	for _, step := range buildSteps[:4] {
