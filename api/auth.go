@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -11,10 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"kiln/api/agentapi"
+	"kiln/store"
 )
 
 // Role is what a bearer token may do. Viewer < Operator < Admin; Agent is a
@@ -236,11 +239,30 @@ func (s *Server) authAgent(c echo.Context) (principal, error) {
 		return principal{}, invalid(HeaderMachine, "required: the header names the machine whose agent token this is")
 	}
 	if !s.b.VerifyAgentToken(id, tok) {
-		s.m.authFailures.WithLabelValues("agent_machine").Inc()
-		return principal{}, fmt.Errorf("%w: agent token not valid for machine %q", ErrForbidden, id)
+		// This replica may not hold the token's record yet: a node that has
+		// just restarted replays the log into an empty FSM after its
+		// election, and a follower may lag the write that issued the token.
+		// Catch up with the leader and look again before refusing; a node
+		// that cannot catch up answers 503 (the agent retries, maybe
+		// elsewhere), never a 403 that would end the agent's build.
+		bctx, cancel := context.WithTimeout(c.Request().Context(), agentCatchUpTimeout)
+		err := s.b.Barrier(bctx)
+		cancel()
+		if err != nil {
+			s.m.authFailures.WithLabelValues("agent_unverified").Inc()
+			return principal{}, fmt.Errorf("%w: cannot check the agent token of machine %q while this node's store catches up (%v); retry", store.ErrTimeout, id, err)
+		}
+		if !s.b.VerifyAgentToken(id, tok) {
+			s.m.authFailures.WithLabelValues("agent_machine").Inc()
+			return principal{}, fmt.Errorf("%w: agent token not valid for machine %q", ErrForbidden, id)
+		}
 	}
 	return principal{Name: id, Role: RoleAgent, Machine: id}, nil
 }
+
+// agentCatchUpTimeout bounds authAgent's wait for this node's replica to
+// catch up with the leader before it judges an unknown agent token.
+const agentCatchUpTimeout = 5 * time.Second
 
 // bodyMachine checks the machine_id of an agent's body against the machine
 // its token was checked for ("" = not given).

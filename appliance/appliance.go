@@ -133,6 +133,13 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		return nil, fmt.Errorf("image catalog %s: %w", cfg.Boot.ImageDir, err)
 	}
 	baseURL := "http://" + cfg.Boot.HTTPAddr
+	var agentEndpoints []string
+	if len(cfg.Boot.PeerHTTPAddrs) > 0 {
+		agentEndpoints = append(agentEndpoints, baseURL)
+		for _, p := range cfg.Boot.PeerHTTPAddrs {
+			agentEndpoints = append(agentEndpoints, "http://"+p)
+		}
+	}
 
 	bmcA := &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}
 	a.bmc = bmcA
@@ -143,6 +150,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		BootTimeout:        cfg.Lifecycle.BootTimeout,
 		MinReadMBps:        cfg.Lifecycle.MinReadMBps,
 		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
+		AgentEndpoints:     agentEndpoints,
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
 		Sealer:             SealerFor(sealer),
 		Catalog:            CatalogFor(catalog),

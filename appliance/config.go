@@ -110,6 +110,10 @@ type BootConfig struct {
 	// HTTPAddr is the boot HTTP listener (iPXE scripts, in-RAM environment,
 	// images, agent API). Default SERVER_IP:8080.
 	HTTPAddr string `yaml:"http_addr"`
+	// PeerHTTPAddrs are the boot HTTP listeners (host:port, their http_addr) of the
+	// site cluster's other nodes. Every agent task lists them (agentapi.Task.Endpoints),
+	// so an agent whose node stops answering mid-build moves on to another node.
+	PeerHTTPAddrs []string `yaml:"peer_http_addrs"`
 	// TFTPAddr defaults to SERVER_IP:69 when Interface is set.
 	TFTPAddr string     `yaml:"tftp_addr"`
 	DHCP     DHCPConfig `yaml:"dhcp"`
@@ -326,11 +330,15 @@ func (c *Config) Validate() error {
 // without the config key's name): listen addresses, API tokens, TLS files,
 // negative durations and counts, and each DHCP subnet's addresses.
 func (c *Config) validateValues() error {
-	for _, a := range []struct{ key, v string }{
+	addrs := []struct{ key, v string }{
 		{"api.addr", c.API.Addr}, {"raft.addr", c.Raft.Addr}, {"raft.forward_addr", c.Raft.ForwardAddr},
 		{"boot.http_addr", c.Boot.HTTPAddr}, {"boot.tftp_addr", c.Boot.TFTPAddr},
-	} {
-		if a.v == "" && a.key != "api.addr" {
+	}
+	for _, p := range c.Boot.PeerHTTPAddrs {
+		addrs = append(addrs, struct{ key, v string }{"boot.peer_http_addrs", p})
+	}
+	for _, a := range addrs {
+		if a.v == "" && a.key != "api.addr" && a.key != "boot.peer_http_addrs" {
 			continue
 		}
 		_, port, err := net.SplitHostPort(a.v)

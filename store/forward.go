@@ -18,7 +18,7 @@ import (
 // nodes only). Every /raft/ route needs a client certificate of the site CA
 // (else 401 unauthenticated); /cluster/enroll needs a join token instead:
 //
-//	POST /raft/apply       body: encoded command (1 type byte + JSON)  → wireResult
+//	POST /raft/apply       body: encoded command (1 type byte + JSON)  → wireResult{Values, Index}
 //	POST /raft/join        body: JSON membership                       → wireResult
 //	POST /raft/remove      body: JSON membership                       → wireResult
 //	POST /raft/barrier     (empty)                                     → wireResult{Index}
@@ -150,7 +150,10 @@ func (s *Store) forwardHandler() http.Handler {
 			notLeader(w)
 			return
 		}
-		reply(w, http.StatusOK, wireResult{Values: vals, Error: toWire(err)})
+		// Index: this node's applied index once the entry is applied (at
+		// least the entry's): the forwarding node waits for it before it
+		// returns, so its own reads after the write see it.
+		reply(w, http.StatusOK, wireResult{Values: vals, Index: s.fsm.applied.Load(), Error: toWire(err)})
 	})
 	member := func(join bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -215,6 +218,18 @@ func (s *Store) forward(ctx context.Context, c *command) ([]json.RawMessage, err
 		return nil, err
 	}
 	s.m.forwarded.WithLabelValues("ok").Inc()
+	if res.Error == nil && res.Index > 0 {
+		// Read your writes: a caller that writes through this follower and
+		// then reads it (the lifecycle's read-modify-write steps) must see
+		// its write. The write is committed either way; a replica too slow
+		// to apply it within the timeout is logged, not an error.
+		wctx, cancel := context.WithTimeout(ctx, s.timeout(ctx))
+		err := s.waitApplied(wctx, res.Index)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("forwarded write committed but not yet applied here", "index", res.Index, "err", err)
+		}
+	}
 	return res.Values, fromWire(res.Error)
 }
 

@@ -203,6 +203,13 @@ type StepStatus struct {
 	Progress float64   `json:"progress,omitempty"` // 0..1
 	At       time.Time `json:"at"`
 	Deadline time.Time `json:"deadline,omitempty"`
+	// Attempt numbers the build (agentapi.Task.Attempt) this step belongs to: 1 for a
+	// claim's first build, one more each time the build is served again; 0 outside builds
+	// and in records written before builds were counted.
+	Attempt int `json:"attempt,omitempty"`
+	// Rewrite: this attempt's disk holds an earlier attempt's partial write (that attempt
+	// passed check), so its task wipes the disk's signatures first.
+	Rewrite bool `json:"rewrite,omitempty"`
 }
 
 // BMC is a baseboard management controller enrolled for a machine.

@@ -9,6 +9,10 @@
 //	GET  {url}/v1/agent/task       (poll)            → Task
 //	POST {url}/v1/agent/report     Report            → 204
 //
+// {url} is kiln.url, or another node of the site cluster from Task.Endpoints while
+// kiln.url does not answer: the per-boot token is valid on every node. Reports are
+// retried until acknowledged (a 5xx means "retry", a 4xx is final).
+//
 // Kernel arguments read by the agent: kiln.url=URL kiln.machine=ID kiln.token=TOKEN.
 package agentapi
 
@@ -175,6 +179,17 @@ type Task struct {
 	MinReadMBps float64 `json:"min_read_mbps,omitempty"`
 	// Reboot: after finalize, reboot (true) or power off (false).
 	Reboot bool `json:"reboot"`
+	// Attempt numbers the build a provision task starts (1, 2, ... per claim; 0 from an
+	// appliance that does not count). A build the appliance serves again — the agent
+	// came back asking for work while the store says it is in a step — has the next
+	// number; the agent echoes it in Report.Attempt, and reports of an older attempt
+	// change nothing.
+	Attempt int `json:"attempt,omitempty"`
+	// Endpoints are the agent API URLs (the value of kiln.url) of every node of the site
+	// cluster, in no particular order. The agent keeps using the node it talks to and
+	// moves on to another of these when that one does not answer. Empty from a one-node
+	// appliance or one that does not send them.
+	Endpoints []string `json:"endpoints,omitempty"`
 }
 
 // Report is one step report. Progress is 0..1.
@@ -187,4 +202,8 @@ type Report struct {
 	Progress  float64 `json:"progress,omitempty"`
 	// Written holds, on finalize, what went to disk (disk path, bytes, sha256).
 	Written map[string]string `json:"written,omitempty"`
+	// Attempt is the Task.Attempt of the build this report belongs to (0: not a build, or
+	// an agent that does not count). Reports are idempotent by (Step, State, Attempt): a
+	// repeated one changes nothing more, a late one never moves the machine backwards.
+	Attempt int `json:"attempt,omitempty"`
 }

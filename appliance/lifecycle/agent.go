@@ -136,11 +136,24 @@ func (c *Controller) finishInspection(ctx context.Context, id string) (store.Mac
 }
 
 // AgentTask answers the agent's poll (GET /v1/agent/task): an available
-// machine with a claim moves to provisioning (reason build_started) and gets
-// the provision task; a provisioning machine whose build has not started
-// gets it again; erasing gets erase; inspecting (requested again) gets
-// inspect; retired gets poweroff; anything else waits.
+// machine with a claim moves to provisioning (reason build_started, attempt
+// 1) and gets the provision task; a provisioning machine whose build has not
+// started gets it again; a provisioning machine whose store record says the
+// agent is in a build step (the agent is asking for work, so it is not
+// building: its build broke and the failure report was lost, or the appliance
+// restarted under it) is served the build again as the next attempt (see
+// retryBuild); erasing gets erase; inspecting (requested again) gets
+// inspect; retired gets poweroff; anything else waits. Every task lists
+// Config.AgentEndpoints (agentapi.Task.Endpoints).
 func (c *Controller) AgentTask(ctx context.Context, machineID string) (agentapi.Task, error) {
+	t, err := c.agentTask(ctx, machineID)
+	if err == nil && len(c.cfg.AgentEndpoints) > 0 {
+		t.Endpoints = append([]string(nil), c.cfg.AgentEndpoints...)
+	}
+	return t, err
+}
+
+func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.Task, error) {
 	c.seen(machineID)
 	m, err := c.st.GetMachine(machineID)
 	if err != nil {
@@ -165,6 +178,7 @@ func (c *Controller) AgentTask(ctx context.Context, machineID string) (agentapi.
 			m.State = store.StateProvisioning
 			m.Reason, m.Message = ReasonBuildStarted, ""
 			m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
+			m.Step.Attempt = 1
 			return nil
 		})
 		if err != nil {
@@ -175,8 +189,16 @@ func (c *Controller) AgentTask(ctx context.Context, machineID string) (agentapi.
 		}
 		return c.provisionTask(m, img), nil
 	case store.StateProvisioning:
-		if m.Step == nil || m.Step.State != stepPending || m.Claim == nil {
+		if m.Claim == nil || m.Step == nil || buildComplete(m) {
 			return wait, nil
+		}
+		if m.Step.State != stepPending {
+			if !stepBelongs(m.State, m.Step.Step) {
+				return wait, nil
+			}
+			if m, err = c.retryBuild(ctx, m.ID); err != nil || m.State != store.StateProvisioning {
+				return wait, err
+			}
 		}
 		img, err := c.st.GetImage(m.Claim.Image)
 		if err != nil {
@@ -198,6 +220,87 @@ func (c *Controller) AgentTask(ctx context.Context, machineID string) (agentapi.
 		return agentapi.Task{Action: agentapi.ActionPowerOff}, nil
 	}
 	return wait, nil
+}
+
+// MaxBuildAttempts bounds how often one claim's build is served (retryBuild):
+// the agent asking for work mid-build that often fails the machine
+// (agent_restarted) instead.
+const MaxBuildAttempts = 3
+
+// retryBuild serves machine id's build again (AgentTask, the agent polling
+// while the store says it is in a build step): the step becomes check
+// pending with the next attempt (reason build_retried), so the agent's
+// reports of the earlier attempt change nothing any more. When the earlier
+// attempt had passed check, the disk holds its partial write: Rewrite makes
+// the task wipe it (the disk was accepted by this claim's check; what is on
+// it now is Kiln's own). After MaxBuildAttempts the machine fails instead
+// (agent_restarted). It returns the machine as written.
+func (c *Controller) retryBuild(ctx context.Context, id string) (store.Machine, error) {
+	now := c.now()
+	return c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonBuildRetried}, func(m *store.Machine) error {
+		if m.State != store.StateProvisioning || m.Claim == nil || m.Step == nil || m.Step.State == stepPending ||
+			buildComplete(*m) || !stepBelongs(m.State, m.Step.Step) {
+			return errNoChange // moved meanwhile (another poll, node or the loop)
+		}
+		prev := *m.Step
+		attempt := max(prev.Attempt, 1) + 1
+		if attempt > MaxBuildAttempts {
+			m.State = store.StateFailed
+			m.Reason = ReasonAgentRestarted
+			m.Message = fmt.Sprintf("the agent asked for work during step %s of build attempt %d; gave up after %d attempts", prev.Step, attempt-1, MaxBuildAttempts)
+			return nil
+		}
+		m.Reason = ReasonBuildRetried
+		m.Message = fmt.Sprintf("the agent asked for work during step %s (%s) of attempt %d: build served again", prev.Step, prev.State, attempt-1)
+		m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
+		m.Step.Attempt = attempt
+		m.Step.Rewrite = prev.Rewrite || (prev.Step != agentapi.StepCheck || prev.State == string(agentapi.StateSucceeded))
+		return nil
+	})
+}
+
+// staleReport reports whether rep is older than the step prev records, so
+// that it must change nothing (its event is still recorded): a report of an
+// earlier build attempt, or, within one attempt of the gated build, one that
+// would move the step backwards (a late heartbeat after the step's end, a
+// retried report delivered after a later one). Attempt 0 (an agent or
+// record that does not count) matches any attempt. A repeated report ranks
+// equal and is applied again, which changes nothing more.
+func staleReport(prev *store.StepStatus, rep agentapi.Report) bool {
+	if prev == nil {
+		return false
+	}
+	if rep.Attempt != 0 && prev.Attempt != 0 && rep.Attempt != prev.Attempt {
+		return rep.Attempt < prev.Attempt
+	}
+	pi, ri := buildIndex(prev.Step), buildIndex(rep.Step)
+	if pi < 0 || ri < 0 {
+		return false
+	}
+	return ri < pi || (ri == pi && stateRank(rep.State) < stateRank(agentapi.State(prev.State)))
+}
+
+// buildIndex is step's position in buildSteps, -1 when it is no build step.
+func buildIndex(step string) int {
+	for i, s := range buildSteps {
+		if s == step {
+			return i
+		}
+	}
+	return -1
+}
+
+// stateRank orders a step's states: pending < started < running < succeeded|failed.
+func stateRank(s agentapi.State) int {
+	switch s {
+	case agentapi.StateStarted:
+		return 1
+	case agentapi.StateRunning:
+		return 2
+	case agentapi.StateSucceeded, agentapi.StateFailed:
+		return 3
+	}
+	return 0 // pending
 }
 
 // provisionTask builds the gated build's instructions for m and img.
@@ -225,15 +328,17 @@ func (c *Controller) provisionTask(m store.Machine, img store.Image) agentapi.Ta
 		labels["kiln.io/role"] = cl.Role
 	}
 	instance := m.ID
+	attempt, rewrite := 0, false
 	if m.Step != nil {
 		instance += "-" + strconv.FormatInt(m.Step.At.Unix(), 10)
+		attempt, rewrite = m.Step.Attempt, m.Step.Rewrite
 	}
 	return agentapi.Task{
 		Action:    agentapi.ActionProvision,
 		PollAfter: c.cfg.AgentPollAfter,
 		Heartbeat: c.cfg.AgentHeartbeat,
 		Disk:      agentapi.DiskRule(m.RootDisk),
-		Wipe:      m.Wipe,
+		Wipe:      m.Wipe || rewrite,
 		Image: &agentapi.ImageRef{
 			URL:    c.cfg.ImageBaseURL + "/images/" + url.PathEscape(img.Name),
 			SHA256: img.SHA256, Size: img.Size, Format: format,
@@ -244,6 +349,7 @@ func (c *Controller) provisionTask(m store.Machine, img store.Image) agentapi.Ta
 		},
 		MinReadMBps: c.cfg.MinReadMBps,
 		Reboot:      true,
+		Attempt:     attempt,
 	}
 }
 
@@ -311,12 +417,21 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 	c.observeStep(machineID, rep, now)
 	_, err := c.report(ctx, machineID, ev, store.W{Actor: ActorController}, func(m *store.Machine) error {
 		prev := m.Step
+		if m.State == store.StateProvisioning && staleReport(prev, rep) {
+			return nil // the machine as it is, with the report's event: recorded, moves nothing
+		}
 		done := buildComplete(*m)
 		st := &store.StepStatus{Step: rep.Step, State: string(rep.State), Reason: string(rep.Reason),
 			Message: msg, Progress: rep.Progress, At: now}
+		if prev != nil && m.State == store.StateProvisioning {
+			st.Attempt, st.Rewrite = prev.Attempt, prev.Rewrite
+		}
 		switch rep.State {
 		case agentapi.StateStarted:
 			st.Deadline = c.stepDeadline(rep.Step, now)
+			if prev != nil && prev.Step == rep.Step && prev.State == string(rep.State) && !prev.Deadline.IsZero() {
+				st.Deadline = prev.Deadline // a repeated started report restarts no clock
+			}
 		case agentapi.StateRunning:
 			if prev != nil && prev.Step == rep.Step && prev.State != stepPending && !prev.Deadline.IsZero() {
 				st.Deadline = prev.Deadline

@@ -117,6 +117,10 @@ type Config struct {
 	BMCBackoff, BMCMaxBackoff time.Duration
 	// AgentPollAfter and AgentHeartbeat are handed to the agent in every Task.
 	AgentPollAfter, AgentHeartbeat time.Duration
+	// AgentEndpoints are the agent API URLs (kiln.url values) of every node of
+	// the site cluster, handed to the agent in every Task (agentapi.Task.Endpoints)
+	// so that it moves on to another node when its own does not answer. Empty: none.
+	AgentEndpoints []string
 	// AgentStaleAfter: an agent not heard from for this long is presumed gone
 	// (a claim then power-cycles the machine when it has a BMC). Default 3×AgentPollAfter.
 	AgentStaleAfter time.Duration

@@ -41,6 +41,7 @@ const (
 	ReasonTimeout             = "timeout"
 	ReasonBMCFailed           = "bmc_failed"
 	ReasonAgentRestarted      = "agent_restarted"
+	ReasonBuildRetried        = "build_retried" // the agent asked for work mid-build: the build is served again (next attempt)
 	ReasonClaimed             = "claimed"
 	ReasonDiscovered          = "discovered"
 )

@@ -34,6 +34,8 @@ const (
 	DefaultStageSize     = 16 << 20 // cidata partition, bytes
 	DefaultReadTestBytes = 64 << 20
 	DefaultHTTPTimeout   = 30 * time.Second // per appliance call (not image streams)
+	DefaultReportFor     = 10 * time.Minute // how long a step report is retried until acknowledged
+	DefaultResumeFor     = 5 * time.Minute  // how long a broken image stream keeps trying to resume
 	writeBufSize         = 4 << 20
 	eraseCheckBytes      = 1 << 20
 )
@@ -65,6 +67,17 @@ type Config struct {
 	RetryMax  time.Duration
 	// MaxResumes bounds Range resumptions of one image stream.
 	MaxResumes int
+	// ReportFor bounds how long a step report (started, succeeded, failed; not a
+	// heartbeat) is retried, with the backoff above and across Endpoints, until an
+	// appliance acknowledges it: a restart or failover of the appliance loses no report.
+	ReportFor time.Duration
+	// ResumeFor bounds how long a broken image stream keeps trying to resume (backoff
+	// RetryBase..RetryMax, across Endpoints) before the write step fails.
+	ResumeFor time.Duration
+	// Endpoints are further appliance URLs (other nodes of the site cluster) tried in turn
+	// when the current one does not answer; the appliance adds its own list in every
+	// Task (agentapi.Task.Endpoints). URL is always the first.
+	Endpoints []string
 	// IPMIDevice is the in-band IPMI device for the BMC address ("/dev/ipmi0" when empty).
 	IPMIDevice string
 	// StallTimeout: an image stream that delivers no byte for this long is dropped and
@@ -78,11 +91,18 @@ type Config struct {
 	noDiscard bool // tests: take erase's overwrite path
 }
 
-// Agent runs the protocol of agentapi against one appliance.
+// Agent runs the protocol of agentapi against the appliance: the node of URL, or another
+// of Endpoints while that one does not answer.
 type Agent struct {
 	cfg Config
 	log *slog.Logger
 	mu  sync.Mutex // serialises console lines
+
+	epMu sync.Mutex
+	eps  []string // URL first, then Config.Endpoints and Task.Endpoints, no duplicates
+	cur  int      // index in eps of the endpoint in use
+
+	attempt atomic.Int64 // agentapi.Task.Attempt of the task being carried out
 }
 
 // New returns an Agent with defaults filled in.
@@ -134,7 +154,64 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.ReadTestBytes <= 0 {
 		cfg.ReadTestBytes = DefaultReadTestBytes
 	}
-	return &Agent{cfg: cfg, log: slog.New(slog.DiscardHandler)}, nil
+	if cfg.ReportFor <= 0 {
+		cfg.ReportFor = DefaultReportFor
+	}
+	if cfg.ResumeFor <= 0 {
+		cfg.ResumeFor = DefaultResumeFor
+	}
+	a := &Agent{cfg: cfg, log: slog.New(slog.DiscardHandler), eps: []string{cfg.URL}}
+	a.addEndpoints(cfg.Endpoints)
+	return a, nil
+}
+
+// addEndpoints appends the appliance URLs not yet known (trailing "/" dropped; only
+// http and https URLs).
+func (a *Agent) addEndpoints(urls []string) {
+	a.epMu.Lock()
+	defer a.epMu.Unlock()
+next:
+	for _, u := range urls {
+		u = strings.TrimRight(u, "/")
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			continue
+		}
+		for _, e := range a.eps {
+			if e == u {
+				continue next
+			}
+		}
+		a.eps = append(a.eps, u)
+	}
+}
+
+// endpoint returns the appliance URL in use.
+func (a *Agent) endpoint() string {
+	a.epMu.Lock()
+	defer a.epMu.Unlock()
+	return a.eps[a.cur]
+}
+
+// failover moves on to the next known appliance URL after from failed (no-op when another
+// call has already moved on, or there is only one).
+func (a *Agent) failover(from string) {
+	a.epMu.Lock()
+	defer a.epMu.Unlock()
+	if len(a.eps) > 1 && a.eps[a.cur] == from {
+		a.cur = (a.cur + 1) % len(a.eps)
+		a.log.Info("appliance not answering; trying another node", "from", from, "to", a.eps[a.cur])
+	}
+}
+
+// endpoints returns the known appliance URLs, the one in use first.
+func (a *Agent) endpoints() []string {
+	a.epMu.Lock()
+	defer a.epMu.Unlock()
+	out := make([]string, 0, len(a.eps))
+	for i := range a.eps {
+		out = append(out, a.eps[(a.cur+i)%len(a.eps)])
+	}
+	return out
 }
 
 func (a *Agent) say(format string, args ...any) {
@@ -143,8 +220,16 @@ func (a *Agent) say(format string, args ...any) {
 	fmt.Fprintf(a.cfg.Console, "kiln-agent: "+format+"\n", args...)
 }
 
-// call does one JSON request with retries and exponential backoff. out may be nil.
+// call does one JSON request with Retries attempts and exponential backoff. out may be nil.
 func (a *Agent) call(ctx context.Context, method, path string, in, out any) error {
+	return a.callUntil(ctx, method, path, in, out, time.Time{})
+}
+
+// callUntil is call that, after its Retries attempts, keeps retrying (backoff capped at
+// RetryMax) until the deadline until. Each failed attempt that did not reach a working
+// appliance (transport error, 5xx, 408, 429) moves on to the next known endpoint. A 4xx
+// answer is final.
+func (a *Agent) callUntil(ctx context.Context, method, path string, in, out any, until time.Time) error {
 	var body []byte
 	if in != nil {
 		var err error
@@ -154,7 +239,7 @@ func (a *Agent) call(ctx context.Context, method, path string, in, out any) erro
 	}
 	delay := a.cfg.RetryBase
 	var last error
-	for i := 0; i < a.cfg.Retries; i++ {
+	for i := 0; i < a.cfg.Retries || time.Now().Before(until); i++ {
 		if i > 0 {
 			select {
 			case <-ctx.Done():
@@ -163,7 +248,8 @@ func (a *Agent) call(ctx context.Context, method, path string, in, out any) erro
 			}
 			delay = min(2*delay, a.cfg.RetryMax)
 		}
-		last = a.callOnce(ctx, method, path, body, out)
+		base := a.endpoint()
+		last = a.callOnce(ctx, base, method, path, body, out)
 		if last == nil || ctx.Err() != nil {
 			return last
 		}
@@ -171,16 +257,17 @@ func (a *Agent) call(ctx context.Context, method, path string, in, out any) erro
 		if errors.As(last, &perm) {
 			return last
 		}
+		a.failover(base)
 	}
 	return fmt.Errorf("%w: %s %s: %v", ErrAppliance, method, path, last)
 }
 
 type permanentError struct{ error }
 
-func (a *Agent) callOnce(ctx context.Context, method, path string, body []byte, out any) error {
+func (a *Agent) callOnce(ctx context.Context, base, method, path string, body []byte, out any) error {
 	cctx, cancel := context.WithTimeout(ctx, DefaultHTTPTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, method, a.cfg.URL+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(cctx, method, base+path, bytes.NewReader(body))
 	if err != nil {
 		return permanentError{err}
 	}
@@ -209,12 +296,24 @@ func (a *Agent) callOnce(ctx context.Context, method, path string, body []byte, 
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
-	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out); err != nil {
+		return err
+	}
+	if t, ok := out.(*agentapi.Task); ok {
+		a.addEndpoints(t.Endpoints)
+	}
+	return nil
 }
 
-// report sends one step report (retried). Message is truncated to agentapi.MaxMessageLen.
+// report sends one step report, retried until an appliance acknowledges it or ReportFor
+// has passed (a restart or failover of the appliance loses no report). The report
+// carries the attempt of the task it belongs to (attempt): the appliance ignores reports
+// of an older attempt. Message is truncated to agentapi.MaxMessageLen.
 func (a *Agent) report(ctx context.Context, r agentapi.Report) error {
 	r.MachineID = a.cfg.MachineID
+	if r.Attempt == 0 {
+		r.Attempt = int(a.attempt.Load())
+	}
 	r.Message = sanitize(r.Message)
 	switch r.State {
 	case agentapi.StateFailed:
@@ -224,7 +323,25 @@ func (a *Agent) report(ctx context.Context, r agentapi.Report) error {
 	case agentapi.StateStarted:
 		a.say("step %s started", r.Step)
 	}
-	return a.call(ctx, http.MethodPost, "/v1/agent/report", r, nil)
+	return a.callUntil(ctx, http.MethodPost, "/v1/agent/report", r, nil, time.Now().Add(a.cfg.ReportFor))
+}
+
+// heartbeat sends one running report, once: a lost heartbeat is superseded by the next,
+// and retrying it could deliver it after the step's end.
+func (a *Agent) heartbeat(ctx context.Context, r agentapi.Report) {
+	r.MachineID = a.cfg.MachineID
+	r.Attempt = int(a.attempt.Load())
+	body, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	base := a.endpoint()
+	if err := a.callOnce(ctx, base, http.MethodPost, "/v1/agent/report", body, nil); err != nil {
+		var perm permanentError
+		if !errors.As(err, &perm) && ctx.Err() == nil {
+			a.failover(base)
+		}
+	}
 }
 
 // progress tracks one long step: heartbeat reports every interval and console lines at
@@ -257,7 +374,7 @@ func (a *Agent) startProgress(ctx context.Context, step string, interval time.Du
 				return
 			case <-t.C:
 				pm := p.frac.Load()
-				_ = a.report(ctx, agentapi.Report{Step: step, State: agentapi.StateRunning, Progress: float64(pm) / 1000,
+				a.heartbeat(ctx, agentapi.Report{Step: step, State: agentapi.StateRunning, Progress: float64(pm) / 1000,
 					Message: fmt.Sprintf("%d%%", pm/10)})
 			}
 		}
@@ -309,12 +426,13 @@ func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
 			return ctx.Err()
 		}
 	}
-	a.say("registered with %s", a.cfg.URL)
+	a.say("registered with %s", a.endpoint())
 	registered := true // task answers a registration that has just sent the inventory
 	for {
 		a.say("task %s", task.Action)
 		switch task.Action {
 		case agentapi.ActionProvision:
+			a.attempt.Store(int64(task.Attempt))
 			written, err := a.Provision(ctx, &task)
 			if err == nil {
 				_ = a.report(ctx, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateStarted})
@@ -660,8 +778,9 @@ func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device
 	img := task.Image
 	p := a.startProgress(ctx, agentapi.StepWrite, task.Heartbeat)
 	defer p.end()
-	rr := &rangeReader{ctx: ctx, client: a.cfg.HTTP, url: img.URL, token: a.cfg.Token, total: -1,
-		maxResumes: a.cfg.MaxResumes, openTries: a.cfg.Retries, backoff: a.cfg.RetryBase, stall: a.cfg.StallTimeout}
+	rr := &rangeReader{ctx: ctx, client: a.cfg.HTTP, url: img.URL, urls: a.imageURLs(img.URL), token: a.cfg.Token, total: -1,
+		maxResumes: a.cfg.MaxResumes, openTries: a.cfg.Retries, backoff: a.cfg.RetryBase, backoffMax: a.cfg.RetryMax,
+		resumeFor: a.cfg.ResumeFor, stall: a.cfg.StallTimeout}
 	defer rr.Close()
 	start := time.Now()
 	if err := rr.openFirst(); err != nil {
@@ -762,6 +881,26 @@ func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device
 		return "", 0, rr.Resumed, fail(agentapi.StepWrite, agentapi.ReasonWriteFailed, "sync %s: %v", dev.Path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), time.Since(start).Seconds(), rr.Resumed, nil
+}
+
+// imageURLs returns u and, when u lies under a known appliance URL, the same path under
+// every other known one (each node of the site cluster serves every image by name).
+func (a *Agent) imageURLs(u string) []string {
+	eps := a.endpoints()
+	for _, e := range eps {
+		rest, ok := strings.CutPrefix(u, e)
+		if !ok || (rest != "" && rest[0] != '/') {
+			continue
+		}
+		out := []string{u}
+		for _, o := range eps {
+			if o != e {
+				out = append(out, o+rest)
+			}
+		}
+		return out
+	}
+	return []string{u}
 }
 
 // readBack re-reads the image range of dev with O_DIRECT and returns its SHA-256 hex.

@@ -19,11 +19,19 @@ import (
 // stall) it re-requests the rest with "Range: bytes=OFF-" (RFC 9110 §14.2) and "If-Range"
 // (the ETag or Last-Modified of the first response, §13.1.5), accepting only a 206 whose
 // Content-Range starts at OFF. At most maxResumes resumptions per stream; the first request
-// is tried up to openTries times with exponential backoff.
+// is tried up to openTries times with exponential backoff. While the appliance does not
+// answer (a restart, a failover) a resumption keeps being tried, with backoff up to
+// backoffMax and in turn at every URL of urls (the same image on each node of the site
+// cluster: the ETag is its SHA-256, so If-Range holds across nodes), until resumeFor has
+// passed since the stream broke.
 type rangeReader struct {
 	ctx        context.Context
 	client     *http.Client
 	url, token string
+	urls       []string // alternatives to url (other nodes); url is tried first
+	backoffMax time.Duration
+	resumeFor  time.Duration
+	brokeAt    time.Time // when the current outage began; zero while bytes flow
 	body       io.ReadCloser
 	cancel     context.CancelFunc // of the current request
 	watchdog   *time.Timer
@@ -38,24 +46,64 @@ type rangeReader struct {
 	Resumed int
 }
 
-// openFirst opens the stream at offset 0, retrying transient failures.
+// openFirst opens the stream at offset 0, retrying transient failures (openTries
+// attempts, then until resumeFor has passed), each at the next URL.
 func (r *rangeReader) openFirst() error {
 	delay := r.backoff
+	start := time.Now()
 	var err error
-	for i := 0; i < max(1, r.openTries); i++ {
+	for i := 0; i < max(1, r.openTries) || time.Since(start) < r.resumeFor; i++ {
 		if i > 0 {
 			select {
 			case <-r.ctx.Done():
 				return r.ctx.Err()
 			case <-time.After(delay):
 			}
-			delay *= 2
+			delay = r.nextDelay(delay)
 		}
 		if err = r.open(); err == nil {
 			return nil
 		}
+		if !retryableFetch(err) {
+			return err
+		}
+		r.rotate()
 	}
 	return err
+}
+
+// nextDelay doubles d, capped at backoffMax when set.
+func (r *rangeReader) nextDelay(d time.Duration) time.Duration {
+	d *= 2
+	if r.backoffMax > 0 && d > r.backoffMax {
+		d = r.backoffMax
+	}
+	return d
+}
+
+// rotate moves r.url on to the next alternative URL (no-op with none).
+func (r *rangeReader) rotate() {
+	for i, u := range r.urls {
+		if u == r.url {
+			r.url = r.urls[(i+1)%len(r.urls)]
+			return
+		}
+	}
+}
+
+// fetchStatusError is an image request answered with a status other than the one wanted.
+type fetchStatusError struct{ code int }
+
+func (e fetchStatusError) Error() string { return "HTTP " + strconv.Itoa(e.code) }
+
+// retryableFetch: a transport error, a 5xx, 408 or 429 may pass (another node, a
+// restarted one); any other refusal is final.
+func retryableFetch(err error) bool {
+	var se fetchStatusError
+	if errors.As(err, &se) {
+		return se.code >= 500 || se.code == http.StatusRequestTimeout || se.code == http.StatusTooManyRequests
+	}
+	return true
 }
 
 func (r *rangeReader) open() error {
@@ -101,7 +149,7 @@ func (r *rangeReader) open() error {
 	default:
 		resp.Body.Close()
 		r.stop(cancel)
-		return fmt.Errorf("%w: GET %s (offset %d): HTTP %d", ErrFetch, r.url, r.off, resp.StatusCode)
+		return fmt.Errorf("%w: GET %s (offset %d): %w", ErrFetch, r.url, r.off, fetchStatusError{resp.StatusCode})
 	}
 	r.body, r.cancel = resp.Body, cancel
 	return nil
@@ -127,21 +175,31 @@ func (r *rangeReader) drop() {
 }
 
 func (r *rangeReader) Read(p []byte) (int, error) {
+	delay := r.backoff
 	for {
 		if r.body == nil {
 			if err := r.open(); err != nil {
-				if r.off > 0 && r.resumes < r.maxResumes && r.ctx.Err() == nil {
-					r.resumes++
-					sleepCtx(r.ctx, r.backoff)
+				if r.off > 0 && r.ctx.Err() == nil && retryableFetch(err) && time.Since(r.brokeAt) < r.resumeFor {
+					// The appliance is not answering (restart, failover): keep trying,
+					// backing off, at the next node.
+					r.rotate()
+					sleepCtx(r.ctx, delay)
+					delay = r.nextDelay(delay)
 					continue
+				}
+				if r.off > 0 && !r.brokeAt.IsZero() {
+					return 0, fmt.Errorf("%w (stream broken at byte %d for %s)", err, r.off, time.Since(r.brokeAt).Round(time.Second))
 				}
 				return 0, err
 			}
 		}
 		n, err := r.body.Read(p)
 		r.off += int64(n)
-		if n > 0 && r.watchdog != nil {
-			r.watchdog.Reset(r.stall)
+		if n > 0 {
+			r.brokeAt = time.Time{}
+			if r.watchdog != nil {
+				r.watchdog.Reset(r.stall)
+			}
 		}
 		if err == nil {
 			return n, nil
@@ -158,6 +216,9 @@ func (r *rangeReader) Read(p []byte) (int, error) {
 			return n, fmt.Errorf("%w: stream broke at %d after %d resumptions: %v", ErrFetch, r.off, r.resumes, err)
 		}
 		r.resumes++
+		if r.brokeAt.IsZero() {
+			r.brokeAt = time.Now()
+		}
 		if n > 0 {
 			return n, nil
 		}
