@@ -102,6 +102,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		Identity:    ident,
 		JoinSecrets: siteK.joinSecrets,
 		OnSecrets:   siteK.update,
+		Version:     version,
 	}, log, reg)
 	if err != nil {
 		return nil, err

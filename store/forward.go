@@ -57,7 +57,7 @@ var codeErrs = []struct {
 	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"unknown_command", ErrUnknownCommand},
 	{"bad_command", ErrBadCommand}, {"not_leader", ErrNotLeader}, {"timeout", ErrTimeout},
 	{"corrupt", ErrCorrupt}, {"closed", ErrClosed}, {"unauthenticated", ErrUnauthenticated},
-	{"join_token", ErrJoinToken},
+	{"join_token", ErrJoinToken}, {"unsupported_by_cluster", ErrUnsupportedByCluster},
 }
 
 // errCode maps err to its stable code ("internal" if none applies).
