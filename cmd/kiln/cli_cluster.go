@@ -95,7 +95,7 @@ and only until it expires (--ttl, 1m to 168h).`,
 			return nil
 		},
 	}
-	c.AddCommand(token, members, remove)
+	c.AddCommand(token, members, remove, recoverCmd()) // recover: cli_backup.go
 	return c
 }
 
