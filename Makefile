@@ -17,7 +17,7 @@ FUZZTIME     ?= 10s
 # A developer without them can run `make unit KILN_REQUIRE_ALL=0`.
 KILN_REQUIRE_ALL ?= 1
 
-.PHONY: help build test unit e2e bench fuzz lint depcheck deps-check ci env demo demo-down deps clean
+.PHONY: help build test unit e2e bench fleet fuzz lint depcheck deps-check ci env demo demo-down deps clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,10 @@ e2e: build env ## End to end: real VMs PXE-boot from Kiln to provisioned (BIOS a
 bench: build env ## Benchmarks (bench: lines, a peer measured in the same run or "(no peer)"), one package at a time
 	set -o pipefail; KILN_BENCH=1 KILN_ENV_DIR=$(abspath $(ENV_OUT)) $(GO) test -p 1 -count=1 -timeout 30m -v -run 'TestBench' ./... 2>&1 | tee bench.log | grep -E '^(bench:|--- FAIL|FAIL)'
 	@! grep -qE '^(--- FAIL|FAIL)' bench.log
+
+N ?= 50
+fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root)
+	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT))
 
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); failing inputs land in testdata/fuzz/
 	FUZZTIME=$(FUZZTIME) GO=$(GO) deploy/scripts/fuzz.sh

@@ -2,7 +2,6 @@ package api
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 
 	"github.com/labstack/echo/v4"
@@ -44,11 +43,6 @@ func firstErr(errs ...error) error {
 	}
 	return nil
 }
-
-var (
-	idRe  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	hexRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
-)
 
 // queryInt parses an optional integer query parameter within [lo, hi].
 func queryInt(c echo.Context, name string, def, lo, hi int) (int, error) {

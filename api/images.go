@@ -5,11 +5,9 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/labstack/echo/v4"
 
-	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -54,34 +52,24 @@ func (cr countingReader) Read(p []byte) (int, error) {
 func (s *Server) uploadImage(c echo.Context) error {
 	q := c.QueryParams()
 	meta := store.Image{Meta: store.Meta{ID: c.Param("id")}, Name: q.Get("name"), Version: q.Get("version"),
-		SHA256: strings.ToLower(q.Get("sha256")), Format: q.Get("format"), Source: q.Get("source")}
-	if meta.Format == "" {
-		meta.Format = "raw"
-	}
+		SHA256: q.Get("sha256"), Format: q.Get("format"), Source: q.Get("source")}
 	if v := q.Get("size"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n == 0 || n > store.MaxImageSize {
+		if err != nil || n == 0 {
 			return invalid("size", "must be the raw content's length in bytes: an integer 1..%d (16 TiB)", uint64(store.MaxImageSize))
 		}
 		meta.Size = n
 	}
+	// What the upload request must carry; the field rules of the metadata
+	// are the domain's (rules.CheckImage, applied by UploadImage before it
+	// reads the body).
 	switch {
 	case meta.Name == "":
 		return invalid("name", "required query parameter")
 	case meta.Version == "":
 		return invalid("version", "required query parameter")
-	case !hexRe.MatchString(meta.SHA256):
+	case meta.SHA256 == "":
 		return invalid("sha256", "required: 64 hex digits (sha256sum of the image)")
-	case rules.CheckImageFormat(meta.Format) != nil:
-		return invalid("format", "%v", rules.CheckImageFormat(meta.Format))
-	case meta.Format != "raw" && meta.Size == 0:
-		return invalid("size", "required for a %s image: the length in bytes of its decompressed content", meta.Format)
-	case meta.ID != "" && !idRe.MatchString(meta.ID):
-		return invalid("id", "must match %s", idRe)
-	}
-	if err := firstErr(checkText("version", meta.Version, rules.MaxTextLen),
-		checkText("source", meta.Source, rules.MaxDescriptionLen)); err != nil {
-		return err
 	}
 	if meta.Source == "" {
 		meta.Source = "upload"

@@ -2,16 +2,17 @@ package api
 
 import (
 	"net/http"
-	"strings"
 
 	"github.com/labstack/echo/v4"
 
-	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
 // Sites and racks: GET, POST and PUT /v1/sites and /v1/racks. ResourceVersion
-// absent creates, present updates with compare-and-set.
+// absent creates, present updates with compare-and-set. The field rules are
+// the domain's (rules.CheckSite, rules.CheckRack, applied by the backend's
+// PutSite and PutRack); this file checks only what belongs to the request:
+// resource_version present or absent, the ID in the body against the path.
 
 func (s *Server) listSites(c echo.Context) error {
 	items, err := s.b.ListSites()
@@ -34,23 +35,9 @@ func (s *Server) getSite(c echo.Context) error {
 	return notFound("site", c.Param("id"))
 }
 
-func validateSite(sp SiteSpec) error {
-	if strings.TrimSpace(sp.Name) == "" {
-		return invalid("name", "required")
-	}
-	if sp.ID != "" && !idRe.MatchString(sp.ID) {
-		return invalid("id", "must match %s", idRe)
-	}
-	return firstErr(checkText("name", sp.Name, rules.MaxTextLen),
-		checkText("description", sp.Description, rules.MaxDescriptionLen))
-}
-
 func (s *Server) createSite(c echo.Context) error {
 	var sp SiteSpec
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &sp, false); err != nil {
-		return err
-	}
-	if err := validateSite(sp); err != nil {
 		return err
 	}
 	if sp.ResourceVersion != 0 {
@@ -73,9 +60,6 @@ func (s *Server) updateSite(c echo.Context) error {
 		return invalid("id", "does not match the path")
 	}
 	sp.ID = c.Param("id")
-	if err := validateSite(sp); err != nil {
-		return err
-	}
 	if sp.ResourceVersion == 0 {
 		return invalid("resource_version", "required on update")
 	}
@@ -115,27 +99,9 @@ func (s *Server) getRack(c echo.Context) error {
 	return notFound("rack", c.Param("id"))
 }
 
-func validateRack(rs RackSpec) error {
-	switch {
-	case strings.TrimSpace(rs.Name) == "":
-		return invalid("name", "required")
-	case strings.TrimSpace(rs.Site) == "":
-		return invalid("site", "required")
-	case rs.Units < 0 || rs.Units > rules.MaxRackUnit:
-		return invalid("units", "must be 0..%d (rack units)", rules.MaxRackUnit)
-	case rs.ID != "" && !idRe.MatchString(rs.ID):
-		return invalid("id", "must match %s", idRe)
-	}
-	return firstErr(checkText("name", rs.Name, rules.MaxTextLen), checkText("site", rs.Site, rules.MaxTextLen),
-		checkText("row", rs.Row, rules.MaxTextLen))
-}
-
 func (s *Server) createRack(c echo.Context) error {
 	var rs RackSpec
 	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &rs, false); err != nil {
-		return err
-	}
-	if err := validateRack(rs); err != nil {
 		return err
 	}
 	if rs.ResourceVersion != 0 {
@@ -158,9 +124,6 @@ func (s *Server) updateRack(c echo.Context) error {
 		return invalid("id", "does not match the path")
 	}
 	rs.ID = c.Param("id")
-	if err := validateRack(rs); err != nil {
-		return err
-	}
 	if rs.ResourceVersion == 0 {
 		return invalid("resource_version", "required on update")
 	}

@@ -82,32 +82,13 @@ func (b *dhcpBackend) runDiscoveries(ctx context.Context) error {
 			return nil
 		case d := <-b.discoveries:
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := b.discover.DiscoverDHCP(wctx, d.mac, archName(d.arch), d.vendorClass)
+			_, err := b.discover.DiscoverDHCP(wctx, d.mac, dhcp.ArchName(d.arch), d.vendorClass)
 			cancel()
 			if err != nil {
 				b.log.Warn("recording discovered machine failed", "mac", d.mac, "err", err)
 			}
 		}
 	}
-}
-
-// archName names an RFC 4578 option 93 value for a label.
-func archName(a uint16) string {
-	switch a {
-	case 0:
-		return "bios"
-	case 7, 9:
-		return "efi-x86_64"
-	case 11:
-		return "efi-arm64"
-	case 16:
-		return "efi-x86_64-http"
-	case 19:
-		return "efi-arm64-http"
-	case 0xFFFF:
-		return "none"
-	}
-	return "other"
 }
 
 func (b *dhcpBackend) LoadLeases() ([]dhcp.Lease, error) {

@@ -57,7 +57,7 @@ func TestDHCPDiscoveredBecomesAMachine(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if m.State != store.StateDiscovered || m.Labels["kiln.io/arch"] != "efi-x86_64" || m.Labels["kiln.io/discovered-by"] != "dhcp" ||
+	if m.State != store.StateDiscovered || m.Labels["kiln.io/arch"] != "efi_x64" || m.Labels["kiln.io/discovered-by"] != "dhcp" ||
 		m.Labels["kiln.io/vendor-class"] != "PXEClient:Arch:00007:UNDI:003016" {
 		t.Fatalf("recorded %s with labels %v", m.State, m.Labels)
 	}

@@ -65,8 +65,19 @@ func isIPXEUserClass(b []byte) bool {
 	return found
 }
 
-// archLabel maps option 93 to a bounded metric label.
-func archLabel(a uint16) string {
+// archLabel is ArchName, the metric label of an option 93 value.
+func archLabel(a uint16) string { return ArchName(a) }
+
+// ArchName names a client system architecture type (option 93, RFC 4578
+// §2.1 and the IANA "Processor Architecture Types" registry, which names 7
+// x64 UEFI and 9 EBC, RFC 4578's erratum) with a short word that is a
+// valid label value and metric label: "bios" (0, Intel x86PC), "efi_ia32"
+// (6), "efi_x64" (7 and 9, which x64 firmware sends), "efi_arm64" (11),
+// "http_x64" (16, x64 UEFI boot from HTTP), "http_arm64" (19), "none"
+// (ArchNone: option 93 absent) and "other" for any other value. The one
+// table of these names: the metric labels of this package and the
+// appliance's kiln.io/arch label of discovered machines both use it.
+func ArchName(a uint16) string {
 	switch a {
 	case ArchBIOS:
 		return "bios"

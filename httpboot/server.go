@@ -236,11 +236,13 @@ func refuseBody(w http.ResponseWriter) {
 }
 
 // countingWriter counts body bytes and keeps io.ReaderFrom so that
-// http.ServeContent of an *os.File still uses sendfile(2).
+// http.ServeContent of an *os.File still uses sendfile(2). err is the first
+// write error: the response could not be sent whole.
 type countingWriter struct {
 	http.ResponseWriter
 	n      int64
 	status int
+	err    error
 }
 
 func (c *countingWriter) WriteHeader(code int) {
@@ -256,6 +258,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	}
 	n, err := c.ResponseWriter.Write(p)
 	c.n += int64(n)
+	if err != nil && c.err == nil {
+		c.err = err
+	}
 	return n, err
 }
 
@@ -265,6 +270,9 @@ func (c *countingWriter) ReadFrom(r io.Reader) (int64, error) {
 	}
 	n, err := c.ResponseWriter.(io.ReaderFrom).ReadFrom(r)
 	c.n += n
+	if err != nil && c.err == nil {
+		c.err = err
+	}
 	return n, err
 }
 
@@ -292,7 +300,12 @@ func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, class, nam
 	h.Set("Accept-Ranges", "bytes")
 	http.ServeContent(cw, r, name, mod, content)
 	s.m.bytes.WithLabelValues(class).Add(float64(cw.n))
-	if r.Context().Err() != nil {
+	// Aborted is a response that could not be written whole. The request's
+	// context alone does not tell: a client that closes its connection as
+	// soon as it has the last byte (no keep-alive) cancels it while
+	// ServeContent returns, after a complete transfer (seen by the fleet
+	// simulator: 6 of 2,000 complete environment fetches counted aborted).
+	if cw.err != nil {
 		s.m.transfers.WithLabelValues(class, "error").Inc()
 		s.m.errors.WithLabelValues(class, "aborted").Inc()
 		return

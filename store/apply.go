@@ -111,16 +111,26 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		}
 	}
 	switch c.Type {
-	case CmdPutSite:
+	case CmdPutSite, CmdPutSiteV2:
 		if c.Site == nil {
-			return nil, nil, 0, fmt.Errorf("%w: put_site without site", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: %s without site", ErrBadCommand, c.Type)
 		}
-		one(c.Site)(putSimple(a, bSites, "site", c.Site))
-	case CmdPutRack:
+		if c.Type == CmdPutSiteV2 {
+			err = refuseTaken(a, bSites, "site", c.Site.Meta)
+		}
+		if err == nil {
+			one(c.Site)(putSimple(a, bSites, "site", c.Site))
+		}
+	case CmdPutRack, CmdPutRackV2:
 		if c.Rack == nil {
-			return nil, nil, 0, fmt.Errorf("%w: put_rack without rack", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: %s without rack", ErrBadCommand, c.Type)
 		}
-		one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
+		if c.Type == CmdPutRackV2 {
+			err = refuseTaken(a, bRacks, "rack", c.Rack.Meta)
+		}
+		if err == nil {
+			one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
+		}
 	case CmdPutMachines, CmdPutMachinesV2:
 		checked := c.Type == CmdPutMachinesV2
 		out = make([]json.RawMessage, 0, len(c.Machines))
@@ -209,6 +219,16 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		return nil, nil, 0, err
 	}
 	return out, recs, a.seq, nil
+}
+
+// refuseTaken is the create rule of CmdPutSiteV2 and CmdPutRackV2: a
+// create (ResourceVersion 0) of an ID the bucket holds is ErrConflict.
+func refuseTaken(a *applyCtx, bucket []byte, kind string, m Meta) error {
+	if m.ResourceVersion == 0 && m.ID != "" && a.tx.Bucket(bucket).Get([]byte(m.ID)) != nil {
+		return fmt.Errorf("%w: %s %s exists: a create (resource_version 0) never replaces a record; "+
+			"update it with its current resource_version", ErrConflict, kind, m.ID)
+	}
+	return nil
 }
 
 // putSimple is compare-and-set create/update for records without indexes.

@@ -650,3 +650,29 @@ func TestApplyBatchEqualsOneByOne(t *testing.T) {
 	}
 	checkIndex(t, ref)
 }
+
+// TestPutSiteV2RefusesTakenID: put_site and put_rack (1, 2), which logs
+// written before commands 22 and 23 hold, replay as they applied then,
+// replacing a record of the same ID; put_site_v2 and put_rack_v2 refuse a
+// create of a stored ID with ErrConflict and still update with CAS.
+func TestPutSiteV2RefusesTakenID(t *testing.T) {
+	db := testDB(t)
+	ok := func(idx uint64, c *command) {
+		t.Helper()
+		if _, err := run(t, db, idx, c); err != nil {
+			t.Fatalf("%s at %d: %v", c.Type, idx, err)
+		}
+	}
+	ok(1, &command{Type: CmdPutSite, Site: &Site{Meta: Meta{ID: "s"}, Name: "a"}})
+	ok(2, &command{Type: CmdPutSite, Site: &Site{Meta: Meta{ID: "s"}, Name: "b"}}) // the old meaning: replaced
+	if _, err := run(t, db, 3, &command{Type: CmdPutSiteV2, Site: &Site{Meta: Meta{ID: "s"}, Name: "c"}}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("put_site_v2 create over a stored ID: %v, want ErrConflict", err)
+	}
+	ok(4, &command{Type: CmdPutSiteV2, Site: &Site{Meta: Meta{ID: "s", ResourceVersion: 2}, Name: "d"}})
+	ok(5, &command{Type: CmdPutRack, Rack: &Rack{Meta: Meta{ID: "r"}, Site: "s", Name: "a"}})
+	ok(6, &command{Type: CmdPutRack, Rack: &Rack{Meta: Meta{ID: "r"}, Site: "s", Name: "b"}})
+	if _, err := run(t, db, 7, &command{Type: CmdPutRackV2, Rack: &Rack{Meta: Meta{ID: "r"}, Site: "s", Name: "c"}}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("put_rack_v2 create over a stored ID: %v, want ErrConflict", err)
+	}
+	ok(8, &command{Type: CmdPutRackV2, Rack: &Rack{Meta: Meta{ID: "r2"}, Site: "s", Name: "new"}})
+}

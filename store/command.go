@@ -36,18 +36,22 @@ const (
 	CmdPutJoinToken                      // 19: JoinToken (hash and TTL; the leader fixes Created/Expires)
 	CmdUseJoinToken                      // 20: JoinToken.Hash, Member (ID, CertSerial): consume a token, admit a node
 	CmdRemoveMember                      // 21: ID: the node's certificate is refused from then on
+	CmdPutSiteV2                         // 22: Site; as 1, and a create (ResourceVersion 0) of a stored ID is ErrConflict
+	CmdPutRackV2                         // 23: Rack; as 2, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	cmdEnd                               // sentinel: first unknown value
 )
 
-// CmdPutMachines (3) and CmdDeleteImage (8) are no longer written: their
-// V2 successors add referential checks. They still replay with their
+// CmdPutMachines (3), CmdDeleteImage (8), CmdPutSite (1) and CmdPutRack
+// (2) are no longer written: their V2 successors add referential checks
+// (22 and 23: a create never replaces a stored site or rack). They still replay with their
 // original meaning, so a log written before the checks existed rebuilds
 // the very state it had (an old entry is never refused by a newer rule).
 
 var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "delete_machine",
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
-	"import_machines", "agent_report", "reserved_18", "put_join_token", "use_join_token", "remove_member"}
+	"import_machines", "agent_report", "reserved_18", "put_join_token", "use_join_token", "remove_member",
+	"put_site_v2", "put_rack_v2"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {

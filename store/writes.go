@@ -31,16 +31,21 @@ func one[T any](vals []json.RawMessage, recs []any, err error) (T, error) {
 	return v, json.Unmarshal(vals[0], &v)
 }
 
-// PutSite creates (empty ID → leader assigns "site-<16 hex>") or updates a
-// Site; CAS on ResourceVersion≠0. Returns the stored record. Errors:
-// ErrConflict, ErrNotFound (RV≠0 on a missing ID), ErrNotLeader.
+// PutSite creates (ResourceVersion 0; empty ID → leader assigns
+// "site-<16 hex>") or updates a Site; CAS on ResourceVersion≠0. A create
+// never replaces a record: a chosen ID the store holds is ErrConflict,
+// decided inside the raft apply (command 22, put_site_v2), so of two
+// creates of one ID one wins and the other is refused. Returns the stored
+// record. Errors: ErrConflict (stale ResourceVersion, or a create of a
+// taken ID: update it with its current resource_version), ErrNotFound
+// (RV≠0 on a missing ID), ErrNotLeader.
 func (s *Store) PutSite(ctx context.Context, v Site, w W) (Site, error) {
-	return one[Site](s.write(ctx, &command{Type: CmdPutSite, W: w, Site: &v}))
+	return one[Site](s.write(ctx, &command{Type: CmdPutSiteV2, W: w, Site: &v}))
 }
 
-// PutRack is PutSite for racks (IDs "rack-<hex>").
+// PutRack is PutSite for racks (IDs "rack-<hex>"; command 23, put_rack_v2).
 func (s *Store) PutRack(ctx context.Context, v Rack, w W) (Rack, error) {
-	return one[Rack](s.write(ctx, &command{Type: CmdPutRack, W: w, Rack: &v}))
+	return one[Rack](s.write(ctx, &command{Type: CmdPutRackV2, W: w, Rack: &v}))
 }
 
 // PutMachine creates a machine (ID empty → leader assigns "m-<16 hex>"; or

@@ -1,3 +1,10 @@
+// The agent protocol (top-level DESIGN.md "The gated build"; the wire types
+// are package agentapi): AgentRegister, AgentTask, AgentReport, the build's
+// step order, the text rules of what an agent sends (sanitize, truncate)
+// and stepTimer, this node's step start times for the duration histogram.
+// Every report is one store command (report, update.go). Owner of
+// stepTimer: this file only.
+
 package lifecycle
 
 import (
@@ -6,11 +13,15 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"kiln/api/agentapi"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -25,20 +36,6 @@ func init() {
 	for _, s := range buildSteps {
 		knownSteps[s] = true
 	}
-}
-
-func (c *Controller) seen(id string) {
-	c.mu.Lock()
-	c.lastSeen[id] = c.now()
-	c.mu.Unlock()
-}
-
-// agentAlive reports whether the machine's agent was heard from within AgentStaleAfter.
-func (c *Controller) agentAlive(id string) bool {
-	c.mu.Lock()
-	t, ok := c.lastSeen[id]
-	c.mu.Unlock()
-	return ok && c.now().Sub(t) <= c.cfg.AgentStaleAfter
 }
 
 // AgentRegister handles the agent's first message (POST /v1/agent/register):
@@ -78,7 +75,7 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 		return nil
 	}
 	w := store.W{Actor: ActorController}
-	m, err := c.update(ctx, machineID, w, record)
+	m, err := c.report(ctx, machineID, nil, w, record)
 	if errors.Is(err, store.ErrDuplicateMAC) {
 		// A discovered MAC belongs to another machine's record (swapped NIC
 		// or cabling): keep the machine's own MACs and block on the rest.
@@ -92,7 +89,7 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 			keep = append(keep, n)
 		}
 		hw.NICs = keep
-		m, err = c.update(ctx, machineID, w, record)
+		m, err = c.report(ctx, machineID, nil, w, record)
 	}
 	if err != nil {
 		return agentapi.Task{}, err
@@ -282,8 +279,11 @@ func validReport(rep agentapi.Report) error {
 // provisioning with Reason build_complete (the durable "build complete"
 // marker) and Step.Deadline = now + RebootTimeout; later reports (the
 // agent's reboot step) are recorded and keep that deadline. BootFor or the
-// loop then makes it provisioned. Errors: ErrMachineMismatch, ErrBadReport,
-// store.ErrNotFound, store errors.
+// loop then makes it provisioned. The event and the machine write are one
+// store command (Store.ReportAgent), heartbeats included: a write refused
+// on conflict is retried from a fresh read, and a report that fails stores
+// no event. Errors: ErrMachineMismatch, ErrBadReport, store.ErrNotFound,
+// store.ErrConflict (gave up after maxCASRetries), store errors.
 func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agentapi.Report) error {
 	if rep.MachineID != "" && rep.MachineID != machineID {
 		return fmt.Errorf("%w: token for %s, report for %s", ErrMachineMismatch, machineID, rep.MachineID)
@@ -306,12 +306,10 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 	if msg != "" {
 		evMsg += ": " + msg
 	}
-	if err := c.st.AppendEvents(ctx, []store.Event{{Subject: "machine/" + machineID, Kind: "step", Actor: ActorAgent,
-		To: string(rep.State), Reason: string(rep.Reason), Message: evMsg}}); err != nil {
-		return fmt.Errorf("lifecycle: record step event for %s: %w", machineID, err)
-	}
+	ev := []store.Event{{Subject: "machine/" + machineID, Kind: "step", Actor: ActorAgent,
+		To: string(rep.State), Reason: string(rep.Reason), Message: evMsg}}
 	c.observeStep(machineID, rep, now)
-	_, err := c.update(ctx, machineID, store.W{Actor: ActorController}, func(m *store.Machine) error {
+	_, err := c.report(ctx, machineID, ev, store.W{Actor: ActorController}, func(m *store.Machine) error {
 		prev := m.Step
 		done := buildComplete(*m)
 		st := &store.StepStatus{Step: rep.Step, State: string(rep.State), Reason: string(rep.Reason),
@@ -400,17 +398,39 @@ func nextStep(step string) string {
 // observeStep feeds the step-duration histogram (started → succeeded/failed).
 func (c *Controller) observeStep(id string, rep agentapi.Report, now time.Time) {
 	key := id + "/" + rep.Step
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	switch rep.State {
 	case agentapi.StateStarted:
-		c.started[key] = now
+		c.steps.start(key, now)
 	case agentapi.StateSucceeded, agentapi.StateFailed:
-		if t, ok := c.started[key]; ok {
-			delete(c.started, key)
+		if t, ok := c.steps.stop(key); ok {
 			c.m.steps.WithLabelValues(rep.Step, string(rep.State)).Observe(now.Sub(t).Seconds())
 		}
 	}
+}
+
+// stepTimer holds when this node heard each agent step start (key machine
+// ID + "/" + step), for kiln_lifecycle_step_seconds. Its own lock.
+type stepTimer struct {
+	mu      sync.Mutex
+	started map[string]time.Time
+}
+
+func (s *stepTimer) start(key string, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started == nil {
+		s.started = map[string]time.Time{}
+	}
+	s.started[key] = now
+}
+
+// stop forgets key and returns its start (ok false: not heard starting here).
+func (s *stepTimer) stop(key string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.started[key]
+	delete(s.started, key)
+	return t, ok
 }
 
 // msgRebooting is Machine.Message while a built machine reboots to its disk.
@@ -431,4 +451,27 @@ func rebootDeadline(prev *store.StepStatus, now time.Time, d time.Duration) time
 		return prev.Deadline
 	}
 	return now.Add(d)
+}
+
+// tokenArg hides a kernel-argument token that an agent message might echo.
+var tokenArg = regexp.MustCompile(`(?i)(kiln\.token=|bearer\s+)\S+`)
+
+// sanitize makes agent or BMC text safe to store and show: valid UTF-8,
+// every character free text may not hold (rules.TextRune) replaced by a
+// space, tokens redacted. Length is the caller's (truncate).
+func sanitize(s string) string {
+	s = rules.SanitizeText(s, -1)
+	s = tokenArg.ReplaceAllString(s, "${1}REDACTED")
+	return strings.TrimSpace(s)
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

@@ -1,3 +1,6 @@
+// The intended-vs-discovered hardware difference (DESIGN.md "The hardware
+// difference"): computeDiff under the per-field policy. Pure functions.
+
 package lifecycle
 
 import (

@@ -69,8 +69,9 @@
 // after EnrollBMC. Service is the domain as the REST API sees it.
 //
 // Every transition is written with store.W{Actor, Reason}; the store appends
-// the "transition" event. Agent step reports become "step" events and BMC
-// job state changes "job" events, appended by this package.
+// the "transition" event. An agent step report becomes a "step" event,
+// stored in the same store command as the machine's write
+// (store.Store.ReportAgent); BMC job state changes are "job" events.
 //
 // Leadership: the periodic loop (Run) — auto-inspection of registered
 // machines with a BMC, deadline checks, the state gauge — and BMC jobs act

@@ -1,9 +1,16 @@
+// The BMC job queue (DESIGN.md "BMC jobs"): jobQueue, the sequences waiting
+// for a worker and the machines that have one; the workers that run them
+// against the BMC and record each store.Job; auto-inspection, the loop's
+// throttled producer, with its per-machine backoff (inspectBackoff). Owner
+// of jobQueue and inspectBackoff: this file only.
+
 package lifecycle
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"kiln/store"
@@ -22,27 +29,17 @@ const (
 	JobFailed    = "failed"
 )
 
-// Machine reasons set by the controller (closed set, besides agentapi reasons).
-const (
-	ReasonInspectionStarted   = "inspection_started"
-	ReasonInspectionRequested = "inspection_requested"
-	ReasonInspectionPassed    = "inspection_passed"
-	ReasonHardwareMismatch    = "hardware_mismatch"
-	ReasonAgentRegistered     = "agent_registered"
-	ReasonBuildStarted        = "build_started"
-	ReasonBuildComplete       = "build_complete"    // finalize succeeded; still provisioning until the disk boots
-	ReasonBootedLocalDisk     = "booted_local_disk" // the post-build netboot was told to exit to the disk
-	ReasonRebootUnobserved    = "reboot_unobserved" // no netboot within RebootTimeout after the build completed
-	ReasonReleased            = "released"
-	ReasonEraseRequested      = "erase_requested"
-	ReasonEraseComplete       = "erase_complete"
-	ReasonEraseQuarantined    = "erase_quarantined" // erasing a quarantined machine: inspected again after the erase
-	ReasonTimeout             = "timeout"
-	ReasonBMCFailed           = "bmc_failed"
-	ReasonAgentRestarted      = "agent_restarted"
-	ReasonClaimed             = "claimed"
-	ReasonDiscovered          = "discovered"
-)
+// BMC drives a machine's baseboard management controller. Implemented by the
+// appliance's adapter over kiln/bmc and the sealed credentials. Every method
+// returns when done or when ctx ends.
+type BMC interface {
+	PowerOn(ctx context.Context, machineID string) error
+	// PowerCycle resets a machine that is on and powers on one that is off.
+	PowerCycle(ctx context.Context, machineID string) error
+	PowerOff(ctx context.Context, machineID string) error
+	// SetNextBootPXE sets a one-time network boot in mode and reads it back.
+	SetNextBootPXE(ctx context.Context, machineID string, mode store.BootMode) error
+}
 
 // bmcWork is one queued sequence of BMC jobs for a machine.
 type bmcWork struct {
@@ -56,13 +53,9 @@ type bmcWork struct {
 // onDone with the outcome once a worker ran them. It returns false (and
 // queues nothing) when a sequence for m is already queued or running.
 func (c *Controller) enqueuePXEBoot(ctx context.Context, m store.Machine, onDone func(ctx context.Context, err error)) (bool, error) {
-	c.mu.Lock()
-	if c.inflight[m.ID] {
-		c.mu.Unlock()
+	if !c.jobs.reserve(m.ID) {
 		return false, nil
 	}
-	c.inflight[m.ID] = true
-	c.mu.Unlock()
 	work := bmcWork{machine: m.ID, mode: m.BootMode, onDone: onDone}
 	for _, kind := range []string{JobBootPXE, JobPowerCycle} {
 		j, err := c.st.PutJob(ctx, store.Job{Machine: m.ID, Kind: kind, State: JobPending},
@@ -72,41 +65,21 @@ func (c *Controller) enqueuePXEBoot(ctx context.Context, m store.Machine, onDone
 			for _, pj := range work.jobs {
 				c.finishJob(ctx, pj, JobFailed, "queue_failed", err.Error())
 			}
-			c.mu.Lock()
-			delete(c.inflight, m.ID)
-			c.mu.Unlock()
+			c.jobs.release(m.ID)
 			return false, fmt.Errorf("lifecycle: create %s job for %s: %w", kind, m.ID, err)
 		}
 		work.jobs = append(work.jobs, j)
 	}
-	c.mu.Lock()
-	c.queue = append(c.queue, work)
-	c.mu.Unlock()
-	c.signal()
+	c.jobs.push(work)
 	return true, nil
-}
-
-func (c *Controller) signal() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
 }
 
 // worker runs queued BMC sequences until ctx ends.
 func (c *Controller) worker(ctx context.Context) {
 	for {
-		c.mu.Lock()
-		var w bmcWork
-		ok := len(c.queue) > 0
-		if ok {
-			w = c.queue[0]
-			c.queue = c.queue[1:]
-		}
-		more := len(c.queue) > 0
-		c.mu.Unlock()
+		w, ok, more := c.jobs.pop()
 		if more {
-			c.signal()
+			c.jobs.signal()
 		}
 		if ok {
 			c.runWork(ctx, w)
@@ -114,20 +87,16 @@ func (c *Controller) worker(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			c.signal() // pass the wake-up on to the next worker
+			c.jobs.signal() // pass the wake-up on to the next worker
 			return
-		case <-c.wake:
+		case <-c.jobs.wake:
 		}
 	}
 }
 
 // runWork executes one sequence; a failed job fails the rest unrun.
 func (c *Controller) runWork(ctx context.Context, w bmcWork) {
-	defer func() {
-		c.mu.Lock()
-		delete(c.inflight, w.machine)
-		c.mu.Unlock()
-	}()
+	defer c.jobs.release(w.machine)
 	var failed error
 	for _, j := range w.jobs {
 		if failed != nil {
@@ -189,6 +158,19 @@ func (c *Controller) finishJob(ctx context.Context, j store.Job, state, reason, 
 	c.m.jobs.WithLabelValues(j.Kind, state).Inc()
 }
 
+// abandonQueue closes the jobs of sequences no worker started (the
+// controller is stopping) as failed, so none is left pending.
+func (c *Controller) abandonQueue(ctx context.Context) {
+	q := c.jobs.takeAll()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for _, w := range q {
+		for _, j := range w.jobs {
+			c.finishJob(sctx, j, JobFailed, "shutdown", "controller stopped before the job ran")
+		}
+	}
+}
+
 // queuePerWorker bounds auto-inspection's queue: at most Workers ×
 // queuePerWorker sequences wait, so a freshly imported hall is powered on
 // gradually rather than all at once.
@@ -206,15 +188,19 @@ func (c *Controller) autoInspect(ctx context.Context) error {
 		if m.BMC == "" {
 			continue
 		}
-		c.mu.Lock()
-		b := c.backoff[m.ID]
-		busy := c.inflight[m.ID]
-		full := len(c.queue) >= c.cfg.Workers*queuePerWorker
-		c.mu.Unlock()
-		if full {
+		busy, queued := c.jobs.state(m.ID)
+		if queued >= c.cfg.Workers*queuePerWorker {
 			return nil // the rest wait for a later tick: no mass power-on
 		}
-		if busy || now.Before(b.next) {
+		if busy || now.Before(c.backoff.next(m.ID)) {
+			continue
+		}
+		// ms is a snapshot: a sequence that ended after it was taken has
+		// already moved the machine on (autoInspectDone, or its agent
+		// registered) and cleared inflight. Without this re-read the machine,
+		// now running, was power-cycled a second time (the fleet simulator:
+		// 34 of 2,000 machines).
+		if cur, err := c.st.GetMachine(m.ID); err != nil || cur.State != store.StateRegistered || cur.BMC == "" {
 			continue
 		}
 		id := m.ID
@@ -228,16 +214,7 @@ func (c *Controller) autoInspect(ctx context.Context) error {
 func (c *Controller) autoInspectDone(ctx context.Context, id string, bmcErr error) {
 	now := c.now()
 	if bmcErr != nil {
-		c.mu.Lock()
-		b := c.backoff[id]
-		if b.delay == 0 {
-			b.delay = c.cfg.BMCBackoff
-		} else if b.delay *= 2; b.delay > c.cfg.BMCMaxBackoff {
-			b.delay = c.cfg.BMCMaxBackoff
-		}
-		b.next = now.Add(b.delay)
-		c.backoff[id] = b
-		c.mu.Unlock()
+		c.backoff.failed(id, now, c.cfg.BMCBackoff, c.cfg.BMCMaxBackoff)
 		msg := truncate(sanitize(bmcErr.Error()), 256)
 		_, err := c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonBMCFailed, Message: msg}, func(m *store.Machine) error {
 			if m.State != store.StateRegistered || (m.Reason == ReasonBMCFailed && m.Message == msg) {
@@ -251,9 +228,7 @@ func (c *Controller) autoInspectDone(ctx context.Context, id string, bmcErr erro
 		}
 		return
 	}
-	c.mu.Lock()
-	delete(c.backoff, id)
-	c.mu.Unlock()
+	c.backoff.clear(id)
 	_, err := c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonInspectionStarted}, func(m *store.Machine) error {
 		if m.State != store.StateRegistered {
 			return errNoChange // the agent registered first, or an operator acted
@@ -268,95 +243,127 @@ func (c *Controller) autoInspectDone(ctx context.Context, id string, bmcErr erro
 	}
 }
 
-// powerDone is the onDone of a power sequence started for a machine
-// already moved to state: a BMC failure fails the machine (reason
-// bmc_failed) if it is still waiting for its agent in that state.
-func (c *Controller) powerDone(id string, state store.MachineState) func(ctx context.Context, err error) {
-	return func(ctx context.Context, bmcErr error) {
-		if bmcErr == nil {
-			return
-		}
-		msg := truncate(sanitize(bmcErr.Error()), 256)
-		_, err := c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonBMCFailed, Message: msg}, func(m *store.Machine) error {
-			if m.State != state || m.Step == nil || m.Step.State != stepPending {
-				return errNoChange
-			}
-			m.State = store.StateFailed
-			m.Message = msg
-			m.Step.State, m.Step.Reason = string(JobFailed), ReasonBMCFailed
-			return nil
-		})
-		if err != nil {
-			c.logger().Warn("record BMC failure", "machine", id, "err", err)
-		}
+// jobQueue is this node's BMC job queue: the sequences waiting for a
+// worker (FIFO), the machines with a sequence queued or running (at most
+// one each), and the workers' wake-up channel (capacity 1: a wake-up is
+// passed on while work remains). Its lock guards pending and inflight
+// only; no store or BMC call runs under it.
+type jobQueue struct {
+	mu       sync.Mutex
+	pending  []bmcWork
+	inflight map[string]bool
+	wake     chan struct{}
+}
+
+func newJobQueue() *jobQueue {
+	return &jobQueue{inflight: map[string]bool{}, wake: make(chan struct{}, 1)}
+}
+
+// reserve marks machine id as having a sequence; false when it already has one.
+func (q *jobQueue) reserve(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.inflight[id] {
+		return false
+	}
+	q.inflight[id] = true
+	return true
+}
+
+// release ends machine id's sequence (run, abandoned or never queued).
+func (q *jobQueue) release(id string) {
+	q.mu.Lock()
+	delete(q.inflight, id)
+	q.mu.Unlock()
+}
+
+// push queues w (its machine reserved) and wakes a worker.
+func (q *jobQueue) push(w bmcWork) {
+	q.mu.Lock()
+	q.pending = append(q.pending, w)
+	q.mu.Unlock()
+	q.signal()
+}
+
+// pop takes the oldest sequence (ok false: none); more reports whether
+// others still wait. The machine stays reserved until release.
+func (q *jobQueue) pop() (w bmcWork, ok, more bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.pending) > 0 {
+		w, ok = q.pending[0], true
+		q.pending = q.pending[1:]
+	}
+	return w, ok, len(q.pending) > 0
+}
+
+// takeAll empties the queue and releases the machines of what it held.
+func (q *jobQueue) takeAll() []bmcWork {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.pending
+	q.pending = nil
+	for _, w := range out {
+		delete(q.inflight, w.machine)
+	}
+	return out
+}
+
+// state reports whether machine id has a sequence and how many wait.
+func (q *jobQueue) state(id string) (busy bool, queued int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.inflight[id], len(q.pending)
+}
+
+// signal wakes one waiting worker (dropped when a wake-up is already pending).
+func (q *jobQueue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
 	}
 }
 
-// deadlineStates are the states in which a step deadline can fail a machine.
-var deadlineStates = []store.MachineState{store.StateInspecting, store.StateProvisioning, store.StateErasing}
+// inspectBackoff is auto-inspection's retry state per machine after a BMC
+// failure: the first retry waits BMCBackoff, each further failure doubles
+// the delay up to BMCMaxBackoff; a success forgets the machine. Its own lock.
+type inspectBackoff struct {
+	mu sync.Mutex
+	m  map[string]backoff
+}
 
-// checkDeadlines fails machines whose current step is past its deadline
-// (reason timeout), and moves built machines not seen netbooting within
-// RebootTimeout to provisioned (reason reboot_unobserved).
-func (c *Controller) checkDeadlines(ctx context.Context) error {
-	now := c.now()
-	var errs []error
-	for _, s := range deadlineStates {
-		ms, err := c.listAll(store.ListOptions{State: s})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, m := range ms {
-			switch {
-			case rebootUnobserved(m, now):
-				if _, err := c.finishUnobserved(ctx, m.ID, now); err != nil {
-					errs = append(errs, err)
-				}
-			case pastDeadline(m, now):
-				if _, err := c.failTimeout(ctx, m.ID, now); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
+type backoff struct {
+	next  time.Time
+	delay time.Duration
+}
+
+// next is the earliest time machine id may be tried again (zero: now).
+func (b *inspectBackoff) next(id string) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.m[id].next
+}
+
+// failed records a failure of machine id at now.
+func (b *inspectBackoff) failed(id string, now time.Time, first, most time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[string]backoff{}
 	}
-	return errors.Join(errs...)
+	e := b.m[id]
+	if e.delay == 0 {
+		e.delay = first
+	} else if e.delay *= 2; e.delay > most {
+		e.delay = most
+	}
+	e.next = now.Add(e.delay)
+	b.m[id] = e
 }
 
-// pastDeadline: m's current step passed its deadline and fails m. A built
-// machine (buildComplete) never fails on time; see rebootUnobserved.
-func pastDeadline(m store.Machine, now time.Time) bool {
-	return hasState(deadlineStates, m.State) && !buildComplete(m) && m.Step != nil && !m.Step.Deadline.IsZero() &&
-		now.After(m.Step.Deadline) && m.Step.State != string(JobFailed)
-}
-
-// rebootUnobserved: m's build completed and RebootTimeout (its Step.Deadline)
-// passed without a netboot: it booted its disk without asking us first.
-func rebootUnobserved(m store.Machine, now time.Time) bool {
-	return buildComplete(m) && m.Step != nil && !m.Step.Deadline.IsZero() && now.After(m.Step.Deadline)
-}
-
-func (c *Controller) finishUnobserved(ctx context.Context, id string, now time.Time) (store.Machine, error) {
-	return c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonRebootUnobserved}, func(m *store.Machine) error {
-		if !rebootUnobserved(*m, now) { // re-checked on the current record
-			return errNoChange
-		}
-		m.State = store.StateProvisioned
-		m.Reason = ReasonRebootUnobserved
-		m.Message = fmt.Sprintf("no netboot seen within %s of the build's completion; assumed booted from disk", c.cfg.RebootTimeout)
-		m.Step.Deadline = time.Time{}
-		return nil
-	})
-}
-
-func (c *Controller) failTimeout(ctx context.Context, id string, now time.Time) (store.Machine, error) {
-	return c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonTimeout}, func(m *store.Machine) error {
-		if !pastDeadline(*m, now) { // re-checked on the current record
-			return errNoChange
-		}
-		m.State = store.StateFailed
-		m.Message = fmt.Sprintf("step %s (%s) passed its deadline %s", m.Step.Step, m.Step.State, m.Step.Deadline.Format(time.RFC3339))
-		m.Step.State, m.Step.Reason = "failed", ReasonTimeout
-		return nil
-	})
+// clear forgets machine id (its sequence succeeded).
+func (b *inspectBackoff) clear(id string) {
+	b.mu.Lock()
+	delete(b.m, id)
+	b.mu.Unlock()
 }

@@ -1,21 +1,22 @@
+// The operator's intended fields of a machine record: CreateMachine and
+// UpdateIntended, checked by package rules (rules.CheckIntended).
+
 package lifecycle
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
-	"time"
 
 	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
 // Machine records are written by this package only (top-level DESIGN.md,
-// appliance/lifecycle/DESIGN.md): the operator's intended fields here
-// (CreateMachine, UpdateIntended), discovery here and in boot.go, the BMC
-// inventory after an enrollment here, everything else in the lifecycle's
-// transitions. Each path applies the rules of package rules.
+// appliance/lifecycle/DESIGN.md "Writers of machine records"): the
+// operator's intended fields here (CreateMachine, UpdateIntended),
+// discovery in discovery.go, the BMC inventory after an enrollment in
+// bmcenroll.go, imports in import.go, everything else through update
+// (update.go). Each path applies the rules of package rules.
 
 // Intended is the operator-owned part of a machine record: where it
 // stands, its labels, the hardware it should have and how it is to boot.
@@ -153,201 +154,4 @@ func (c *Controller) UpdateIntended(ctx context.Context, id string, p IntendedPa
 		return store.Machine{}, fmt.Errorf("lifecycle: update machine %s: %w", id, err)
 	}
 	return out, nil
-}
-
-// Labels and actor of records the DHCP path discovers.
-const (
-	DiscoveredByDHCP = "dhcp"                 // DiscoverDHCP recorded it (value of LabelDiscoveredBy)
-	LabelArch        = "kiln.io/arch"         // the client's RFC 4578 architecture, named
-	LabelVendorClass = "kiln.io/vendor-class" // the client's option 60, made a label value
-	ActorDHCP        = "dhcp"
-)
-
-// DiscoverDHCP records an unknown MAC that asked for DHCP as a discovered
-// machine (no name, no boot token; labels kiln.io/discovered-by=dhcp,
-// kiln.io/arch=arch and kiln.io/vendor-class from vendorClass, reduced to
-// what a label value may hold), so the site team sees every server that
-// asks. It takes the same discovery limits as BootFor's (Config
-// DiscoverRate, DiscoverBurst, MaxDiscovered): over them nothing is
-// recorded and created is false with a nil error. A MAC a record already
-// has is not recorded again (created false). Errors: ErrInvalid (mac),
-// store errors.
-func (c *Controller) DiscoverDHCP(ctx context.Context, mac, arch, vendorClass string) (created bool, err error) {
-	mac, err = store.ParseMachineMAC(mac)
-	if err != nil {
-		return false, fmt.Errorf("%w: mac %v", ErrInvalid, err)
-	}
-	labels := map[string]string{LabelDiscoveredBy: DiscoveredByDHCP}
-	if v := labelValue(arch); v != "" {
-		labels[LabelArch] = v
-	}
-	if v := labelValue(vendorClass); v != "" {
-		labels[LabelVendorClass] = v
-	}
-	out, res, err := c.recordDiscovered(ctx, mac, store.W{Actor: ActorDHCP, Reason: ReasonDiscovered},
-		func() (store.Machine, error) {
-			return store.Machine{State: store.StateDiscovered, Reason: ReasonDiscovered, Labels: labels,
-				Intended: store.Hardware{NICs: []store.NIC{{MAC: mac}}}}, nil
-		})
-	if err != nil || res != discCreated {
-		return false, err
-	}
-	c.logger().Info("discovered unknown machine", "machine", out.ID, "mac", mac, "by", DiscoveredByDHCP)
-	return true, nil
-}
-
-// labelValue reduces text a machine sent to a label value that
-// rules.CheckLabel accepts: printable ASCII without spaces, ',' or '=', at
-// most 63 bytes.
-func labelValue(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if b.Len() >= 63 {
-			break
-		}
-		if r > ' ' && r < 0x7f && r != ',' && r != '=' {
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
-// Outcomes of recordDiscovered.
-const (
-	discCreated = iota // recorded now
-	discKnown          // the MAC has a record (before, or written meanwhile)
-	discRefused        // over the rate or the cap: nothing recorded
-)
-
-// recordDiscovered creates the discovered record build returns for an
-// unknown mac, under discMu so that the cap check and the write are not
-// interleaved with another discovery on this node. build runs only once
-// the discovery is admitted (within the token bucket and MaxDiscovered).
-func (c *Controller) recordDiscovered(ctx context.Context, mac string, w store.W, build func() (store.Machine, error)) (store.Machine, int, error) {
-	c.discMu.Lock()
-	defer c.discMu.Unlock()
-	if _, err := c.st.MachineByMAC(mac); err == nil {
-		return store.Machine{}, discKnown, nil
-	}
-	if !c.discoverToken() {
-		c.m.discDropped.WithLabelValues(dropRate).Inc()
-		c.logger().Debug("discovery refused: rate limit", "mac", mac)
-		return store.Machine{}, discRefused, nil
-	}
-	counts, err := c.st.CountByState()
-	if err != nil {
-		return store.Machine{}, 0, fmt.Errorf("lifecycle: discover %s: count: %w", mac, err)
-	}
-	if n := counts[store.StateDiscovered]; n >= c.cfg.MaxDiscovered {
-		c.m.discDropped.WithLabelValues(dropCap).Inc()
-		c.logger().Debug("discovery refused: discovered cap reached", "mac", mac, "discovered", n)
-		return store.Machine{}, discRefused, nil
-	}
-	m, err := build()
-	if err != nil {
-		return store.Machine{}, 0, err
-	}
-	if err := rules.CheckLabels("labels", m.Labels); err != nil {
-		return store.Machine{}, 0, fmt.Errorf("lifecycle: discover %s: %w", mac, invalidField(err))
-	}
-	out, err := c.st.PutMachine(ctx, m, w)
-	if err != nil {
-		if again, gerr := c.st.MachineByMAC(mac); gerr == nil && again.ID != "" {
-			return store.Machine{}, discKnown, nil
-		}
-		return store.Machine{}, 0, fmt.Errorf("lifecycle: discover %s: %w", mac, err)
-	}
-	return out, discCreated, nil
-}
-
-// BMCInventory is optionally implemented by the Config's BMC: what the BMC
-// knows of its machine (Redfish ComputerSystem and EthernetInterfaces).
-// ErrNoInventory (wrapped) when the BMC offers none (IPMI); other errors
-// are the BMC's.
-type BMCInventory interface {
-	Inventory(ctx context.Context, machineID string) (Inventory, error)
-}
-
-// Inventory is a BMC's description of its machine; "" or nil where the BMC
-// gave nothing. NICMACs are MACs in any case or separator form.
-type Inventory struct {
-	Serial       string
-	Manufacturer string
-	Model        string
-	UUID         string
-	NICMACs      []string
-}
-
-// ErrNoInventory: the machine's BMC offers no inventory (not a failure).
-var ErrNoInventory = errors.New("lifecycle: the BMC offers no inventory")
-
-// bmcInventoryTimeout bounds the inventory read that follows an enrollment.
-const bmcInventoryTimeout = 15 * time.Second
-
-// readInventory reads the BMC's inventory of machine id into its
-// discovered fields (mergeInventory), so the site team sees what stands in
-// the slot before it ever boots; the agent's inspection later replaces
-// them with its fuller report. A failed read is recorded as an event
-// (kind bmc_inventory, to failed, reason bmc_failed) and not returned: the
-// enrollment stands either way.
-func (c *Controller) readInventory(ctx context.Context, id string, w store.W) {
-	bi, ok := c.bmc.(BMCInventory)
-	if !ok || c.bmc == nil {
-		return
-	}
-	ictx, cancel := context.WithTimeout(ctx, bmcInventoryTimeout)
-	defer cancel()
-	inv, err := bi.Inventory(ictx, id)
-	switch {
-	case errors.Is(err, ErrNoInventory):
-		return
-	case err != nil:
-		if aerr := c.st.AppendEvents(ctx, []store.Event{{Subject: "machine/" + id, Kind: "bmc_inventory", To: "failed",
-			Actor: w.Actor, Reason: ReasonBMCFailed, Message: truncate(sanitize(err.Error()), rules.MaxDescriptionLen)}}); aerr != nil {
-			c.logger().Warn("bmc inventory failed; recording it failed too", "machine", id, "err", err, "record_err", aerr)
-		}
-		return
-	}
-	if _, err := c.update(ctx, id, store.W{Actor: "bmc", Reason: "bmc_inventory"}, func(m *store.Machine) error {
-		mergeInventory(m, inv)
-		return nil
-	}); err != nil {
-		c.logger().Warn("record bmc inventory", "machine", id, "err", err)
-	}
-}
-
-// mergeInventory fills m.Discovered from a BMC's inventory where the BMC
-// offered a value (free text sanitised and cut to rules.MaxTextLen); NICs
-// it lists are added, in lower-case colon form, if not already known. MACs
-// store.ParseMachineMAC refuses are skipped.
-func mergeInventory(m *store.Machine, inv Inventory) {
-	if m.Discovered == nil {
-		m.Discovered = &store.Hardware{}
-	}
-	d := m.Discovered
-	set := func(dst *string, v string) {
-		if v = truncate(sanitize(v), rules.MaxTextLen); v != "" {
-			*dst = v
-		}
-	}
-	set(&d.Serial, inv.Serial)
-	set(&d.Vendor, inv.Manufacturer)
-	set(&d.Model, inv.Model)
-	set(&d.UUID, inv.UUID)
-	for _, s := range inv.NICMACs {
-		mac, err := store.ParseMachineMAC(s)
-		if err != nil {
-			continue
-		}
-		known := false
-		for _, n := range d.NICs {
-			if strings.EqualFold(n.MAC, mac) {
-				known = true
-				break
-			}
-		}
-		if !known {
-			d.NICs = append(d.NICs, store.NIC{MAC: mac})
-		}
-	}
 }

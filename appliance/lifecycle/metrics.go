@@ -1,3 +1,5 @@
+// The controller's Prometheus metrics (listed in doc.go).
+
 package lifecycle
 
 import (

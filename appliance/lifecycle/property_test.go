@@ -36,6 +36,12 @@ func (g *guardStore) PutMachines(ctx context.Context, ms []store.Machine, w stor
 	return out, err
 }
 
+func (g *guardStore) ReportAgent(ctx context.Context, m store.Machine, evs []store.Event, w store.W) (store.Machine, error) {
+	out, err := g.Store.ReportAgent(ctx, m, evs, w)
+	g.note(err)
+	return out, err
+}
+
 func (g *guardStore) note(err error) {
 	var ite *store.IllegalTransitionError
 	if errors.As(err, &ite) {
@@ -47,14 +53,10 @@ func (g *guardStore) note(err error) {
 // time and ordering itself instead of Run's workers).
 func (c *Controller) drain(ctx context.Context) {
 	for {
-		c.mu.Lock()
-		if len(c.queue) == 0 {
-			c.mu.Unlock()
+		w, ok, _ := c.jobs.pop()
+		if !ok {
 			return
 		}
-		w := c.queue[0]
-		c.queue = c.queue[1:]
-		c.mu.Unlock()
 		c.runWork(ctx, w)
 	}
 }
@@ -338,9 +340,7 @@ func (k *checker) check(t *testing.T, i int, op string, g *guardStore, c *Contro
 			t.Fatalf("step %d: provisioning without claim/step: %+v", i, m)
 		}
 	}
-	c.mu.Lock()
-	queued := len(c.queue)
-	c.mu.Unlock()
+	_, queued := c.jobs.state("")
 	if queued == 0 {
 		for jid, st := range k.jobState {
 			if st != JobSucceeded && st != JobFailed {

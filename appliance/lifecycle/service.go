@@ -1,12 +1,15 @@
+// Service, the domain as the REST API sees it (package api's Backend): who
+// answers each method.
+
 package lifecycle
 
 import (
 	"context"
-	"fmt"
 	"io"
 
 	"kiln/api/agentapi"
 	"kiln/appliance/lifecycle/intake"
+	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
 
@@ -73,40 +76,22 @@ func (s *Service) AgentTask(ctx context.Context, id string) (agentapi.Task, erro
 	return s.c.AgentTask(ctx, id)
 }
 
-// Sites and racks (Records). ResourceVersion 0 creates: a chosen ID that
-// names a stored record is store.ErrConflict (the store alone would
-// overwrite it). The check is not atomic with the write: two creates of
-// one ID at the same moment may both pass, and the later one wins.
-// ResourceVersion ≠ 0 updates with compare-and-set.
+// Sites and racks (Records), checked by rules.CheckSite and rules.CheckRack
+// (ErrInvalid wrapping *rules.FieldError). ResourceVersion 0 creates: a
+// chosen ID that names a stored record is store.ErrConflict, refused by the
+// store's apply (store.Store.PutSite), so two creates of one ID never both
+// succeed. ResourceVersion ≠ 0 updates with compare-and-set.
 
 func (s *Service) PutSite(ctx context.Context, v store.Site, w store.W) (store.Site, error) {
-	if v.ResourceVersion == 0 && v.ID != "" {
-		sites, err := s.r.ListSites()
-		if err != nil {
-			return store.Site{}, err
-		}
-		for _, cur := range sites {
-			if cur.ID == v.ID {
-				return store.Site{}, fmt.Errorf("%w: site %s exists; update it with its resource_version (PUT /v1/sites/%s)",
-					store.ErrConflict, v.ID, v.ID)
-			}
-		}
+	if err := rules.CheckSite(v); err != nil {
+		return store.Site{}, invalidField(err)
 	}
 	return s.r.PutSite(ctx, v, w)
 }
 
 func (s *Service) PutRack(ctx context.Context, v store.Rack, w store.W) (store.Rack, error) {
-	if v.ResourceVersion == 0 && v.ID != "" {
-		racks, err := s.r.ListRacks()
-		if err != nil {
-			return store.Rack{}, err
-		}
-		for _, cur := range racks {
-			if cur.ID == v.ID {
-				return store.Rack{}, fmt.Errorf("%w: rack %s exists; update it with its resource_version (PUT /v1/racks/%s)",
-					store.ErrConflict, v.ID, v.ID)
-			}
-		}
+	if err := rules.CheckRack(v); err != nil {
+		return store.Rack{}, invalidField(err)
 	}
 	return s.r.PutRack(ctx, v, w)
 }

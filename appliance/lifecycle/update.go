@@ -1,3 +1,11 @@
+// The transitions' write path, the one place a machine record is written
+// from a read: update (read, mutate, check store.CanTransition,
+// compare-and-set, retry on conflict), report (the same loop for an agent
+// report, one store command with its events), transition, and the closed
+// sets of actors and reasons the controller records. The operations that
+// call them are in ops.go, the deadlines in deadlines.go, the agent
+// protocol in agent.go.
+
 package lifecycle
 
 import (
@@ -15,6 +23,28 @@ const (
 	ActorAgent      = "agent"
 )
 
+// Machine reasons set by the controller (closed set, besides agentapi reasons).
+const (
+	ReasonInspectionStarted   = "inspection_started"
+	ReasonInspectionRequested = "inspection_requested"
+	ReasonInspectionPassed    = "inspection_passed"
+	ReasonHardwareMismatch    = "hardware_mismatch"
+	ReasonAgentRegistered     = "agent_registered"
+	ReasonBuildStarted        = "build_started"
+	ReasonBuildComplete       = "build_complete"    // finalize succeeded; still provisioning until the disk boots
+	ReasonBootedLocalDisk     = "booted_local_disk" // the post-build netboot was told to exit to the disk
+	ReasonRebootUnobserved    = "reboot_unobserved" // no netboot within RebootTimeout after the build completed
+	ReasonReleased            = "released"
+	ReasonEraseRequested      = "erase_requested"
+	ReasonEraseComplete       = "erase_complete"
+	ReasonEraseQuarantined    = "erase_quarantined" // erasing a quarantined machine: inspected again after the erase
+	ReasonTimeout             = "timeout"
+	ReasonBMCFailed           = "bmc_failed"
+	ReasonAgentRestarted      = "agent_restarted"
+	ReasonClaimed             = "claimed"
+	ReasonDiscovered          = "discovered"
+)
+
 // errNoChange tells update that fn decided to write nothing.
 var errNoChange = errors.New("no change")
 
@@ -28,6 +58,24 @@ const maxCASRetries = 8
 // w.Reason when fn leaves it unchanged. fn returning errNoChange skips the
 // write and returns the current machine with a nil error.
 func (c *Controller) update(ctx context.Context, id string, w store.W, fn func(m *store.Machine) error) (store.Machine, error) {
+	return c.casLoop(ctx, id, w, fn, c.st.PutMachine)
+}
+
+// report is update for one agent report: the machine write and the
+// report's events evs go to the store as ONE command (Store.ReportAgent,
+// store command 17 agent_report), so a write refused on conflict stores
+// none of evs and the retry sends them again with the re-read machine; a
+// report that gives up (or fails) leaves no event. fn returning
+// errNoChange writes nothing, evs included.
+func (c *Controller) report(ctx context.Context, id string, evs []store.Event, w store.W, fn func(m *store.Machine) error) (store.Machine, error) {
+	return c.casLoop(ctx, id, w, fn, func(ctx context.Context, m store.Machine, w store.W) (store.Machine, error) {
+		return c.st.ReportAgent(ctx, m, evs, w)
+	})
+}
+
+// casLoop is update and report: read, fn, check, put, retry on conflict.
+func (c *Controller) casLoop(ctx context.Context, id string, w store.W, fn func(m *store.Machine) error,
+	put func(ctx context.Context, m store.Machine, w store.W) (store.Machine, error)) (store.Machine, error) {
 	var last error
 	for attempt := 0; attempt < maxCASRetries; attempt++ {
 		cur, err := c.st.GetMachine(id)
@@ -53,7 +101,7 @@ func (c *Controller) update(ctx context.Context, id string, w store.W, fn func(m
 				w.Reason = m.Reason
 			}
 		}
-		out, err := c.st.PutMachine(ctx, m, w)
+		out, err := put(ctx, m, w)
 		if errors.Is(err, store.ErrConflict) {
 			last = err
 			continue

@@ -6,9 +6,11 @@
 // the sanitising of text that comes from machines (SanitizeText), the
 // record-level checks built from them (CheckIntended for a machine's
 // operator-owned fields, CheckHardware, CheckLabels, CheckClaim, returning
-// *FieldError with the field's JSON path), BMC drivers (CheckBMCDriver),
+// *FieldError with the field's JSON path; CheckSite and CheckRack for sites
+// and racks, CheckID for an ID an operator chooses), BMC drivers (CheckBMCDriver),
 // image formats (CheckImageFormat), and the limits they apply (MaxNameLen, MaxTextLen, MaxDescriptionLen,
-// MaxLabelKeyLen, MaxLabelValueLen, MaxHostnameLen; bytes of UTF-8).
+// MaxLabelKeyLen, MaxLabelValueLen, MaxHostnameLen, MaxIDLen; bytes of UTF-8;
+// MaxRackUnit in rack units).
 //
 // Every path that accepts such a value calls these functions, so a value one
 // path refuses every path refuses: the import of purchase records (package

@@ -59,6 +59,10 @@ var rules = []rule{
 	// partition's size and layout), which imports only api/agentapi.
 	{folder: "deploy/lab/e2e", may: []string{"deploy/lab/...", "api/...", "cmd/kiln-agent/agent"}},
 	{folder: "deploy/lab/demo", may: []string{"deploy/lab/..."}},
+	// The fleet simulator speaks the agent API as the in-RAM agent does, so
+	// it shares the agent's wire types; everything else of Kiln it reaches
+	// from outside (the built bin/kiln, the REST API as plain HTTP).
+	{folder: "deploy/lab/fleetsim", may: []string{"deploy/lab/...", "api/agentapi"}},
 	// The scripts (depcheck, pkgcheck) read the repository as data and
 	// import nothing of Kiln's, so they run on a tree that does not build.
 	{folder: "deploy/scripts", may: []string{"deploy/scripts/..."}},

@@ -9,6 +9,12 @@
 // ForceRestart/GracefulRestart send "system_reset", or restart the process when a boot
 // override is pending so that it takes effect; PowerCycle restarts the process.
 //
+// With Config.Systems one server serves many ComputerSystems
+// (/redfish/v1/Systems/{id}), each backed by a [Power] (a simulated machine: the fleet
+// simulator, deploy/lab/fleetsim) instead of qemu. A system with an address
+// (SystemConfig.Addr) is all a connection made to that address sees, so each system is a
+// BMC of its own to a client that addresses BMCs by host:port, as Kiln does.
+//
 // [Quirks] replay recorded vendor behaviours (override ignored, Mode rejected, half
 // applied then 400, error on off-when-off, slow answers) so clients can be tested
 // against them. It is test/lab code, not part of the appliance.

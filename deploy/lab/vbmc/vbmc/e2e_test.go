@@ -115,10 +115,11 @@ func firstBootFrom(path string) string {
 		return ""
 	}
 	line := string(b[i:])
-	if j := strings.IndexAny(line, "\r\n."); j >= 0 {
-		line = line[:j]
+	j := strings.IndexAny(line, "\r\n.")
+	if j < 0 {
+		return "" // the line is still being written: "Booting from Ha…"
 	}
-	return line
+	return line[:j]
 }
 
 func countIn(path, s string) int {

@@ -20,9 +20,11 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -93,15 +95,22 @@ type Config struct {
 	InitialMode string
 	// GracefulTimeout: after GracefulShutdown, quit the VM if still running (default 5s).
 	GracefulTimeout time.Duration
+	// Systems, when set, are the ComputerSystems served, each backed by its Power,
+	// instead of the one qemu-backed system "1" that QEMUArgs, StateDir and the
+	// inventory fields above describe (QEMUArgs and StateDir are then not used).
+	Systems []SystemConfig
+	// NoRequestLog leaves Requests empty (a fleet's BMC would keep every request).
+	NoRequestLog bool
 }
 
-// Boot is one VM start.
+// Boot is one power-on of a system.
 type Boot struct {
-	Args     []string  // full qemu argv used
+	System   string    // the system's ID
+	Args     []string  // full qemu argv used (qemu-backed system only)
 	Override string    // "pxe", "disk" or "" (no override)
 	Mode     string    // BootSourceOverrideMode at start
-	Serial   string    // serial log path
-	PID      int       // qemu process id
+	Serial   string    // serial log path (qemu-backed system only)
+	PID      int       // qemu process id (qemu-backed system only)
 	Started  time.Time // start time
 }
 
@@ -113,7 +122,53 @@ type Request struct {
 	BootKeys     []string
 }
 
+// Power is the machine behind a ComputerSystem of Config.Systems: the server calls it for
+// the system's power actions, one call at a time per system. A simulated machine (the
+// fleet simulator, deploy/lab/fleetsim) starts its boot in PowerOn and ends it in
+// PowerOff; it must not block for long in either.
+type Power interface {
+	// PowerOn starts the machine. override is the boot override consumed by this start:
+	// "pxe", "disk" or "" (none); mode is the BootSourceOverrideMode ("Legacy" or "UEFI").
+	PowerOn(override, mode string) error
+	// PowerOff stops the machine at once (ForceOff; GracefulShutdown too, which a
+	// simulated machine honours at once).
+	PowerOff() error
+	// PoweredOn reports whether the machine is on.
+	PoweredOn() bool
+}
+
+// SystemConfig is one ComputerSystem of Config.Systems.
+type SystemConfig struct {
+	// ID is the path segment of /redfish/v1/Systems/{ID}: 1 to 64 of [A-Za-z0-9_-], unique.
+	ID string
+	// Addr, when valid, is a local address of the listener's host (a wildcard Listen
+	// accepts connections to it): a connection made to Addr sees this system alone in
+	// /redfish/v1/Systems, as with one BMC per machine. Kiln's Redfish driver uses the
+	// first system of that collection, so each machine is enrolled with its own address.
+	// A connection to any other address sees every system.
+	Addr netip.Addr
+	// Inventory shown in the ComputerSystem and its EthernetInterfaces.
+	Serial, Manufacturer, Model, UUID string
+	MACs                              []string
+	// InitialMode is the starting BootSourceOverrideMode ("Legacy" default, or "UEFI").
+	InitialMode string
+	// Power is the machine (required).
+	Power Power
+}
+
 type bootState struct{ Target, Enabled, Mode string }
+
+// system is one ComputerSystem: its boot override and its machine, a Power or (the
+// single system of a Config without Systems) a qemu process.
+type system struct {
+	cfg SystemConfig
+
+	mu     sync.Mutex
+	boot   bootState
+	boots  []Boot
+	cmd    *exec.Cmd     // qemu-backed only
+	exited chan struct{} // qemu-backed only
+}
 
 // Server is the virtual BMC. Create with New, serve with Run.
 type Server struct {
@@ -122,39 +177,70 @@ type Server struct {
 	cert  tls.Certificate
 	caPEM []byte
 
-	mu       sync.Mutex
-	boot     bootState
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	boots    []Boot
+	systems []*system // in Config order
+	byID    map[string]*system
+	byAddr  map[netip.Addr]*system
+
+	mu       sync.Mutex // reqs, sessions, nextSess
 	reqs     []Request
 	sessions map[string]string // token -> id
 	nextSess int
 	log      *slog.Logger
 }
 
+var systemIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
 // New validates cfg, loads or generates the TLS certificate and binds the listener.
 func New(cfg Config) (*Server, error) {
-	if cfg.Listen == "" || cfg.Username == "" || cfg.Password == "" || len(cfg.QEMUArgs) == 0 || cfg.StateDir == "" {
-		return nil, fmt.Errorf("%w: Listen, Username, Password, QEMUArgs and StateDir are required", ErrConfig)
+	if cfg.Listen == "" || cfg.Username == "" || cfg.Password == "" {
+		return nil, fmt.Errorf("%w: Listen, Username and Password are required", ErrConfig)
 	}
-	if cfg.InitialMode == "" {
-		cfg.InitialMode = "Legacy"
-	}
-	if cfg.InitialMode != "Legacy" && cfg.InitialMode != "UEFI" {
-		return nil, fmt.Errorf("%w: InitialMode %q", ErrConfig, cfg.InitialMode)
+	if len(cfg.Systems) == 0 && (len(cfg.QEMUArgs) == 0 || cfg.StateDir == "") {
+		return nil, fmt.Errorf("%w: QEMUArgs and StateDir are required without Systems", ErrConfig)
 	}
 	if cfg.GracefulTimeout == 0 {
 		cfg.GracefulTimeout = 5 * time.Second
 	}
-	if cfg.UUID == "" {
-		cfg.UUID = "5e1f0000-0000-4000-8000-000000000001"
-	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
-	s := &Server{cfg: cfg, boot: bootState{"None", "Disabled", cfg.InitialMode}, sessions: map[string]string{},
+	s := &Server{cfg: cfg, sessions: map[string]string{}, byID: map[string]*system{}, byAddr: map[netip.Addr]*system{},
 		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	systems := cfg.Systems
+	if len(systems) == 0 {
+		if cfg.UUID == "" {
+			cfg.UUID = "5e1f0000-0000-4000-8000-000000000001"
+		}
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		systems = []SystemConfig{{ID: "1", Serial: cfg.Serial, Manufacturer: cfg.Manufacturer, Model: cfg.Model,
+			UUID: cfg.UUID, MACs: cfg.MACs, InitialMode: cfg.InitialMode}}
+	}
+	for i, sc := range systems {
+		if sc.InitialMode == "" {
+			sc.InitialMode = "Legacy"
+		}
+		switch {
+		case sc.InitialMode != "Legacy" && sc.InitialMode != "UEFI":
+			return nil, fmt.Errorf("%w: system %q: InitialMode %q", ErrConfig, sc.ID, sc.InitialMode)
+		case !systemIDRe.MatchString(sc.ID):
+			return nil, fmt.Errorf("%w: system ID %q: want 1 to 64 of [A-Za-z0-9_-]", ErrConfig, sc.ID)
+		case s.byID[sc.ID] != nil:
+			return nil, fmt.Errorf("%w: system ID %q twice", ErrConfig, sc.ID)
+		case len(cfg.Systems) > 0 && sc.Power == nil:
+			return nil, fmt.Errorf("%w: system %q has no Power", ErrConfig, sc.ID)
+		}
+		if sc.UUID == "" {
+			sc.UUID = fmt.Sprintf("5e1f0000-0000-4000-8000-%012d", i+1)
+		}
+		sys := &system{cfg: sc, boot: bootState{"None", "Disabled", sc.InitialMode}}
+		if sc.Addr.IsValid() {
+			if s.byAddr[sc.Addr] != nil {
+				return nil, fmt.Errorf("%w: address %s for two systems", ErrConfig, sc.Addr)
+			}
+			s.byAddr[sc.Addr] = sys
+		}
+		s.systems = append(s.systems, sys)
+		s.byID[sc.ID] = sys
+	}
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("%w: listen %q", ErrConfig, cfg.Listen)
@@ -209,43 +295,51 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // CACertPEM is the PEM certificate clients should trust.
 func (s *Server) CACertPEM() []byte { return s.caPEM }
 
-// QMPSocket is the path of the running VM's QMP socket.
+// QMPSocket is the path of the running VM's QMP socket (the qemu-backed system).
 func (s *Server) QMPSocket() string { return filepath.Join(s.cfg.StateDir, "qmp.sock") }
 
-// Boots returns every VM start so far.
+// Boots returns every power-on so far, of every system, in the order of each system.
 func (s *Server) Boots() []Boot {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]Boot(nil), s.boots...)
+	var out []Boot
+	for _, sys := range s.systems {
+		sys.mu.Lock()
+		out = append(out, sys.boots...)
+		sys.mu.Unlock()
+	}
+	return out
 }
 
-// Requests returns the handled requests so far.
+// Requests returns the handled requests so far (none with Config.NoRequestLog).
 func (s *Server) Requests() []Request {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]Request(nil), s.reqs...)
 }
 
-// Running reports whether the VM process is alive.
+// Running reports whether the first system's machine is on (the VM process is alive).
 func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.runningLocked()
+	sys := s.systems[0]
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	return sys.runningLocked()
 }
 
-func (s *Server) runningLocked() bool {
-	if s.cmd == nil {
+func (sys *system) runningLocked() bool {
+	if sys.cfg.Power != nil {
+		return sys.cfg.Power.PoweredOn()
+	}
+	if sys.cmd == nil {
 		return false
 	}
 	select {
-	case <-s.exited:
+	case <-sys.exited:
 		return false
 	default:
 		return true
 	}
 }
 
-// Run serves HTTPS until ctx ends, then stops the VM and returns nil (or the serve error).
+// Run serves HTTPS until ctx ends, then stops the machines and returns nil (or the serve error).
 func (s *Server) Run(ctx context.Context, log *slog.Logger) error {
 	if log != nil {
 		s.log = log.With("component", "vbmc")
@@ -255,7 +349,7 @@ func (s *Server) Run(ctx context.Context, log *slog.Logger) error {
 		ErrorLog:  slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(s.ln, "", "") }()
-	s.log.Info("vbmc listening", "addr", s.Addr())
+	s.log.Info("vbmc listening", "addr", s.Addr(), "systems", len(s.systems))
 	var err error
 	select {
 	case <-ctx.Done():
@@ -264,36 +358,62 @@ func (s *Server) Run(ctx context.Context, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
-	s.mu.Lock()
-	s.stopLocked(true)
-	s.mu.Unlock()
+	for _, sys := range s.systems {
+		sys.mu.Lock()
+		s.stopLocked(sys, true)
+		sys.mu.Unlock()
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
 	return err
 }
 
-// startLocked starts qemu, applying and consuming a pending boot override.
-func (s *Server) startLocked() error {
-	if s.runningLocked() {
+// consumeOverrideLocked returns the pending override ("pxe", "disk" or "") and clears
+// a Once override, as a power-on does.
+func (sys *system) consumeOverrideLocked() string {
+	override := ""
+	if sys.boot.Enabled != "Disabled" {
+		switch sys.boot.Target {
+		case "Pxe":
+			override = "pxe"
+		case "Hdd":
+			override = "disk"
+		}
+		if sys.boot.Enabled == "Once" {
+			sys.boot.Target, sys.boot.Enabled = "None", "Disabled"
+		}
+	}
+	return override
+}
+
+// startLocked powers the system on, applying and consuming a pending boot override:
+// Power.PowerOn, or qemu started from Config.QEMUArgs.
+func (s *Server) startLocked(sys *system) error {
+	if sys.runningLocked() {
+		return nil
+	}
+	if p := sys.cfg.Power; p != nil {
+		mode := sys.boot.Mode
+		override := sys.consumeOverrideLocked()
+		if err := p.PowerOn(override, mode); err != nil {
+			return err
+		}
+		sys.boots = append(sys.boots, Boot{System: sys.cfg.ID, Override: override, Mode: mode, Started: time.Now()})
 		return nil
 	}
 	args := append([]string(nil), s.cfg.QEMUArgs...)
 	sock := s.QMPSocket()
 	_ = os.Remove(sock)
-	serial := filepath.Join(s.cfg.StateDir, fmt.Sprintf("serial-%d.log", len(s.boots)+1))
+	serial := filepath.Join(s.cfg.StateDir, fmt.Sprintf("serial-%d.log", len(sys.boots)+1))
 	args = append(args, "-qmp", "unix:"+sock+",server=on,wait=off", "-serial", "file:"+serial)
-	override := ""
-	if s.boot.Enabled != "Disabled" {
-		switch s.boot.Target {
-		case "Pxe":
-			override, args = "pxe", append(args, "-boot", "once=n")
-		case "Hdd":
-			override, args = "disk", append(args, "-boot", "once=c")
-		}
-		if s.boot.Enabled == "Once" {
-			s.boot.Target, s.boot.Enabled = "None", "Disabled"
-		}
+	mode := sys.boot.Mode
+	override := sys.consumeOverrideLocked()
+	switch override {
+	case "pxe":
+		args = append(args, "-boot", "once=n")
+	case "disk":
+		args = append(args, "-boot", "once=c")
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin = nil
@@ -309,8 +429,8 @@ func (s *Server) startLocked() error {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); out.Close(); close(exited) }()
-	s.cmd, s.exited = cmd, exited
-	s.boots = append(s.boots, Boot{Args: args, Override: override, Mode: s.boot.Mode, Serial: serial,
+	sys.cmd, sys.exited = cmd, exited
+	sys.boots = append(sys.boots, Boot{System: sys.cfg.ID, Args: args, Override: override, Mode: mode, Serial: serial,
 		PID: cmd.Process.Pid, Started: time.Now()})
 	s.log.Info("vm started", "pid", cmd.Process.Pid, "override", override)
 	// wait (briefly) for the QMP socket so that observers can query at once
@@ -327,12 +447,19 @@ func (s *Server) startLocked() error {
 	return nil
 }
 
-// stopLocked ends the VM: QMP quit, then SIGKILL if it is still there after 3 s.
-func (s *Server) stopLocked(force bool) {
-	if !s.runningLocked() {
+// stopLocked powers the system off: Power.PowerOff, or QMP quit to qemu, then SIGKILL
+// if it is still there after 3 s (at once when force).
+func (s *Server) stopLocked(sys *system, force bool) {
+	if !sys.runningLocked() {
 		return
 	}
-	cmd, exited := s.cmd, s.exited
+	if p := sys.cfg.Power; p != nil {
+		if err := p.PowerOff(); err != nil {
+			s.log.Warn("power off failed", "system", sys.cfg.ID, "error", err)
+		}
+		return
+	}
+	cmd, exited := sys.cmd, sys.exited
 	if !force {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, _ = QMP(ctx, s.QMPSocket(), "quit", nil)
@@ -351,9 +478,38 @@ func (s *Server) stopLocked(force bool) {
 	s.log.Info("vm stopped", "pid", cmd.Process.Pid)
 }
 
-func (s *Server) overridePendingLocked() bool {
-	return s.boot.Enabled != "Disabled" && (s.boot.Target == "Pxe" || s.boot.Target == "Hdd")
+func (sys *system) overridePendingLocked() bool {
+	return sys.boot.Enabled != "Disabled" && (sys.boot.Target == "Pxe" || sys.boot.Target == "Hdd")
 }
+
+// visible is the systems a request may see: the one whose Addr the connection was
+// made to, else all.
+func (s *Server) visible(r *http.Request) []*system {
+	if len(s.byAddr) > 0 {
+		if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+			if ta, ok := la.(*net.TCPAddr); ok {
+				if a, ok := netip.AddrFromSlice(ta.IP); ok {
+					if sys := s.byAddr[a.Unmap()]; sys != nil {
+						return []*system{sys}
+					}
+				}
+			}
+		}
+	}
+	return s.systems
+}
+
+// sys is the system named by the request's {id}, if the request may see it.
+func (s *Server) sys(r *http.Request) *system {
+	for _, sys := range s.visible(r) {
+		if sys.cfg.ID == r.PathValue("id") {
+			return sys
+		}
+	}
+	return nil
+}
+
+func systemPath(sys *system) string { return "/redfish/v1/Systems/" + sys.cfg.ID }
 
 type statusWriter struct {
 	http.ResponseWriter
@@ -404,50 +560,64 @@ func (s *Server) handler() http.Handler {
 		}
 		w.WriteHeader(204)
 	}))
-	mux.HandleFunc("GET /redfish/v1/Systems", s.authed(s.json(func() any {
-		return collection("/redfish/v1/Systems", "#ComputerSystemCollection.ComputerSystemCollection", []string{"/redfish/v1/Systems/1"})
-	})))
-	mux.HandleFunc("GET /redfish/v1/Systems/1", s.authed(s.json(s.system)))
-	mux.HandleFunc("PATCH /redfish/v1/Systems/1", s.authed(s.patchSystem))
-	mux.HandleFunc("POST /redfish/v1/Systems/1/Actions/ComputerSystem.Reset", s.authed(s.reset))
-	mux.HandleFunc("GET /redfish/v1/Systems/1/EthernetInterfaces", s.authed(s.json(func() any {
+	mux.HandleFunc("GET /redfish/v1/Systems", s.authed(func(w http.ResponseWriter, r *http.Request) {
 		var ids []string
-		for i := range s.cfg.MACs {
-			ids = append(ids, fmt.Sprintf("/redfish/v1/Systems/1/EthernetInterfaces/%d", i+1))
+		for _, sys := range s.visible(r) {
+			ids = append(ids, systemPath(sys))
 		}
-		return collection("/redfish/v1/Systems/1/EthernetInterfaces", "#EthernetInterfaceCollection.EthernetInterfaceCollection", ids)
+		writeJSON(w, 200, collection("/redfish/v1/Systems", "#ComputerSystemCollection.ComputerSystemCollection", ids))
+	}))
+	mux.HandleFunc("GET /redfish/v1/Systems/{id}", s.authed(s.onSystem(func(w http.ResponseWriter, r *http.Request, sys *system) {
+		writeJSON(w, 200, s.system(sys))
 	})))
-	mux.HandleFunc("GET /redfish/v1/Systems/1/EthernetInterfaces/{n}", s.authed(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("PATCH /redfish/v1/Systems/{id}", s.authed(s.onSystem(s.patchSystem)))
+	mux.HandleFunc("POST /redfish/v1/Systems/{id}/Actions/ComputerSystem.Reset", s.authed(s.onSystem(s.reset)))
+	mux.HandleFunc("GET /redfish/v1/Systems/{id}/EthernetInterfaces", s.authed(s.onSystem(func(w http.ResponseWriter, r *http.Request, sys *system) {
+		var ids []string
+		for i := range sys.cfg.MACs {
+			ids = append(ids, fmt.Sprintf("%s/EthernetInterfaces/%d", systemPath(sys), i+1))
+		}
+		writeJSON(w, 200, collection(systemPath(sys)+"/EthernetInterfaces", "#EthernetInterfaceCollection.EthernetInterfaceCollection", ids))
+	})))
+	mux.HandleFunc("GET /redfish/v1/Systems/{id}/EthernetInterfaces/{n}", s.authed(s.onSystem(func(w http.ResponseWriter, r *http.Request, sys *system) {
 		n, err := strconv.Atoi(r.PathValue("n"))
-		if err != nil || n < 1 || n > len(s.cfg.MACs) {
+		if err != nil || n < 1 || n > len(sys.cfg.MACs) {
 			redfishError(w, 404, "Base.1.8.ResourceMissingAtURI", "no such interface")
 			return
 		}
-		id := "/redfish/v1/Systems/1/EthernetInterfaces/" + r.PathValue("n")
+		id := systemPath(sys) + "/EthernetInterfaces/" + r.PathValue("n")
 		writeJSON(w, 200, map[string]any{"@odata.id": id, "@odata.type": "#EthernetInterface.v1_6_0.EthernetInterface",
-			"Id": r.PathValue("n"), "Name": "NIC " + r.PathValue("n"), "MACAddress": s.cfg.MACs[n-1],
-			"PermanentMACAddress": s.cfg.MACs[n-1], "Status": map[string]string{"State": "Enabled", "Health": "OK"}})
-	}))
+			"Id": r.PathValue("n"), "Name": "NIC " + r.PathValue("n"), "MACAddress": sys.cfg.MACs[n-1],
+			"PermanentMACAddress": sys.cfg.MACs[n-1], "Status": map[string]string{"State": "Enabled", "Health": "OK"}})
+	})))
+	systemLinks := func(r *http.Request) []any {
+		var out []any
+		for _, sys := range s.visible(r) {
+			out = append(out, odata(systemPath(sys)))
+		}
+		return out
+	}
 	mux.HandleFunc("GET /redfish/v1/Managers", s.authed(s.json(func() any {
 		return collection("/redfish/v1/Managers", "#ManagerCollection.ManagerCollection", []string{"/redfish/v1/Managers/1"})
 	})))
-	mux.HandleFunc("GET /redfish/v1/Managers/1", s.authed(s.json(func() any {
-		return map[string]any{"@odata.id": "/redfish/v1/Managers/1", "@odata.type": "#Manager.v1_10_0.Manager",
+	mux.HandleFunc("GET /redfish/v1/Managers/1", s.authed(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 200, map[string]any{"@odata.id": "/redfish/v1/Managers/1", "@odata.type": "#Manager.v1_10_0.Manager",
 			"Id": "1", "Name": "Kiln vbmc", "ManagerType": "BMC", "FirmwareVersion": "kiln-vbmc-1",
 			"Status": map[string]string{"State": "Enabled", "Health": "OK"},
-			"Links": map[string]any{"ManagerForServers": []any{odata("/redfish/v1/Systems/1")},
-				"ManagerForChassis": []any{odata("/redfish/v1/Chassis/1")}}}
-	})))
+			"Links": map[string]any{"ManagerForServers": systemLinks(r),
+				"ManagerForChassis": []any{odata("/redfish/v1/Chassis/1")}}})
+	}))
 	mux.HandleFunc("GET /redfish/v1/Chassis", s.authed(s.json(func() any {
 		return collection("/redfish/v1/Chassis", "#ChassisCollection.ChassisCollection", []string{"/redfish/v1/Chassis/1"})
 	})))
-	mux.HandleFunc("GET /redfish/v1/Chassis/1", s.authed(s.json(func() any {
-		return map[string]any{"@odata.id": "/redfish/v1/Chassis/1", "@odata.type": "#Chassis.v1_14_0.Chassis",
-			"Id": "1", "Name": "Chassis", "ChassisType": "RackMount", "SerialNumber": s.cfg.Serial,
-			"Manufacturer": s.cfg.Manufacturer, "Model": s.cfg.Model, "PowerState": s.powerState(),
-			"Links": map[string]any{"ComputerSystems": []any{odata("/redfish/v1/Systems/1")},
-				"ManagedBy": []any{odata("/redfish/v1/Managers/1")}}}
-	})))
+	mux.HandleFunc("GET /redfish/v1/Chassis/1", s.authed(func(w http.ResponseWriter, r *http.Request) {
+		first := s.visible(r)[0]
+		writeJSON(w, 200, map[string]any{"@odata.id": "/redfish/v1/Chassis/1", "@odata.type": "#Chassis.v1_14_0.Chassis",
+			"Id": "1", "Name": "Chassis", "ChassisType": "RackMount", "SerialNumber": first.cfg.Serial,
+			"Manufacturer": first.cfg.Manufacturer, "Model": first.cfg.Model, "PowerState": first.powerState(),
+			"Links": map[string]any{"ComputerSystems": systemLinks(r),
+				"ManagedBy": []any{odata("/redfish/v1/Managers/1")}}})
+	}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w, status: 200}
 		if d := s.cfg.Quirks.Slow; d > 0 {
@@ -461,9 +631,11 @@ func (s *Server) handler() http.Handler {
 		keys := new([]string)
 		r = r.WithContext(context.WithValue(r.Context(), bootKeysCtx{}, keys))
 		mux.ServeHTTP(sw, r)
-		s.mu.Lock()
-		s.reqs = append(s.reqs, Request{Method: r.Method, Path: r.URL.Path, Status: sw.status, BootKeys: *keys})
-		s.mu.Unlock()
+		if !s.cfg.NoRequestLog {
+			s.mu.Lock()
+			s.reqs = append(s.reqs, Request{Method: r.Method, Path: r.URL.Path, Status: sw.status, BootKeys: *keys})
+			s.mu.Unlock()
+		}
 	})
 }
 
@@ -493,6 +665,18 @@ func redfishError(w http.ResponseWriter, status int, id, msg string) {
 		"@Message.ExtendedInfo": []any{map[string]any{"MessageId": id, "Message": msg, "Severity": "Warning"}}}})
 }
 
+// onSystem resolves {id} to a system the request may see (404 otherwise).
+func (s *Server) onSystem(h func(http.ResponseWriter, *http.Request, *system)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sys := s.sys(r)
+		if sys == nil {
+			redfishError(w, 404, "Base.1.8.ResourceMissingAtURI", "no such system")
+			return
+		}
+		h(w, r, sys)
+	}
+}
+
 func (s *Server) json(f func() any) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, f()) }
 }
@@ -503,7 +687,7 @@ func (s *Server) serviceRoot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, map[string]any{"@odata.id": "/redfish/v1", "@odata.type": "#ServiceRoot.v1_11_0.ServiceRoot",
-		"Id": "RootService", "Name": "Kiln virtual BMC", "RedfishVersion": "1.11.0", "UUID": s.cfg.UUID,
+		"Id": "RootService", "Name": "Kiln virtual BMC", "RedfishVersion": "1.11.0", "UUID": s.visible(r)[0].cfg.UUID,
 		"Systems": odata("/redfish/v1/Systems"), "Managers": odata("/redfish/v1/Managers"),
 		"Chassis": odata("/redfish/v1/Chassis"), "SessionService": odata("/redfish/v1/SessionService"),
 		"Links": map[string]any{"Sessions": odata("/redfish/v1/SessionService/Sessions")}})
@@ -555,8 +739,10 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		"Name": "Session", "UserName": body.UserName})
 }
 
-func (s *Server) powerState() string {
-	if s.Running() {
+func (sys *system) powerState() string {
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	if sys.runningLocked() {
 		return "On"
 	}
 	return "Off"
@@ -564,22 +750,24 @@ func (s *Server) powerState() string {
 
 var resetTypes = []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle", "ForceOn", "PushPowerButton"}
 
-func (s *Server) system() any {
-	s.mu.Lock()
-	b := s.boot
-	s.mu.Unlock()
-	return map[string]any{"@odata.id": "/redfish/v1/Systems/1", "@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
-		"Id": "1", "Name": "vbmc system", "SystemType": "Virtual", "Manufacturer": s.cfg.Manufacturer,
-		"Model": s.cfg.Model, "SerialNumber": s.cfg.Serial, "UUID": s.cfg.UUID, "PowerState": s.powerState(),
+func (s *Server) system(sys *system) any {
+	sys.mu.Lock()
+	b := sys.boot
+	sys.mu.Unlock()
+	c := sys.cfg
+	p := systemPath(sys)
+	return map[string]any{"@odata.id": p, "@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
+		"Id": c.ID, "Name": "vbmc system " + c.ID, "SystemType": "Virtual", "Manufacturer": c.Manufacturer,
+		"Model": c.Model, "SerialNumber": c.Serial, "UUID": c.UUID, "PowerState": sys.powerState(),
 		"Status": map[string]string{"State": "Enabled", "Health": "OK"},
 		"Boot": map[string]any{"BootSourceOverrideTarget": b.Target, "BootSourceOverrideEnabled": b.Enabled,
 			"BootSourceOverrideMode":                           b.Mode,
 			"BootSourceOverrideTarget@Redfish.AllowableValues": []string{"None", "Pxe", "Hdd", "Cd", "BiosSetup"}},
-		"EthernetInterfaces": odata("/redfish/v1/Systems/1/EthernetInterfaces"),
+		"EthernetInterfaces": odata(p + "/EthernetInterfaces"),
 		"Links": map[string]any{"ManagedBy": []any{odata("/redfish/v1/Managers/1")},
 			"Chassis": []any{odata("/redfish/v1/Chassis/1")}},
 		"Actions": map[string]any{"#ComputerSystem.Reset": map[string]any{
-			"target":                            "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset",
+			"target":                            p + "/Actions/ComputerSystem.Reset",
 			"ResetType@Redfish.AllowableValues": resetTypes}},
 	}
 }
@@ -646,18 +834,18 @@ func ParseBootPatch(body []byte) (BootPatch, error) {
 	return bp, nil
 }
 
-func (s *Server) applyLocked(k, v string) {
+func (sys *system) applyLocked(k, v string) {
 	switch k {
 	case "BootSourceOverrideTarget":
-		s.boot.Target = v
+		sys.boot.Target = v
 	case "BootSourceOverrideEnabled":
-		s.boot.Enabled = v
+		sys.boot.Enabled = v
 	case "BootSourceOverrideMode":
-		s.boot.Mode = v
+		sys.boot.Mode = v
 	}
 }
 
-func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request) {
+func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request, sys *system) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		redfishError(w, 400, "Base.1.8.MalformedJSON", "body too large or unreadable")
@@ -672,8 +860,8 @@ func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request) {
 		*k = append([]string(nil), bp.Keys...)
 	}
 	q := s.cfg.Quirks
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
 	if _, hasMode := bp.Values["BootSourceOverrideMode"]; q.RejectMode && hasMode {
 		redfishError(w, 400, "Base.1.8.PropertyNotWritable", "The property BootSourceOverrideMode is a read only property and cannot be assigned a value.")
 		return
@@ -684,30 +872,31 @@ func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request) {
 	}
 	if q.HalfApply400 && len(bp.Keys) >= 2 {
 		for _, k := range bp.Keys[:len(bp.Keys)-1] {
-			s.applyLocked(k, bp.Values[k])
+			sys.applyLocked(k, bp.Values[k])
 		}
 		redfishError(w, 400, "Base.1.8.InternalError", "The request failed due to an internal service error.")
 		return
 	}
 	for _, k := range bp.Keys {
-		s.applyLocked(k, bp.Values[k])
+		sys.applyLocked(k, bp.Values[k])
 	}
 	w.WriteHeader(204)
 }
 
-func (s *Server) reset(w http.ResponseWriter, r *http.Request) {
+func (s *Server) reset(w http.ResponseWriter, r *http.Request, sys *system) {
 	var body struct{ ResetType string }
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		redfishError(w, 400, "Base.1.8.MalformedJSON", "malformed JSON")
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	on := s.runningLocked()
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	on := sys.runningLocked()
+	simulated := sys.cfg.Power != nil
 	var err error
 	switch body.ResetType {
 	case "On", "ForceOn":
-		err = s.startLocked()
+		err = s.startLocked(sys)
 	case "ForceOff", "GracefulShutdown":
 		if !on {
 			if s.cfg.Quirks.ErrorOffWhenOff {
@@ -716,23 +905,23 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request) {
 			}
 			break
 		}
-		if body.ResetType == "ForceOff" {
-			s.stopLocked(false)
+		if body.ResetType == "ForceOff" || simulated {
+			s.stopLocked(sys, false)
 			break
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		_, err = QMP(ctx, s.QMPSocket(), "system_powerdown", nil)
 		cancel()
-		exited := s.exited
+		exited := sys.exited
 		go func() { // a guest without ACPI handling never powers down: pull the plug later
 			select {
 			case <-exited:
 			case <-time.After(s.cfg.GracefulTimeout):
-				s.mu.Lock()
-				if s.exited == exited {
-					s.stopLocked(false)
+				sys.mu.Lock()
+				if sys.exited == exited {
+					s.stopLocked(sys, false)
 				}
-				s.mu.Unlock()
+				sys.mu.Unlock()
 			}
 		}()
 	case "ForceRestart", "GracefulRestart":
@@ -740,29 +929,29 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request) {
 			redfishError(w, 409, "Base.1.8.ActionNotSupported", "The system is powered off.")
 			return
 		}
-		if s.overridePendingLocked() { // the override applies at the next start: restart the process
-			s.stopLocked(false)
-			err = s.startLocked()
+		if sys.overridePendingLocked() || simulated { // the override applies at the next start: restart
+			s.stopLocked(sys, false)
+			err = s.startLocked(sys)
 			break
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		_, err = QMP(ctx, s.QMPSocket(), "system_reset", nil)
 		cancel()
 	case "PowerCycle":
-		s.stopLocked(false)
-		err = s.startLocked()
+		s.stopLocked(sys, false)
+		err = s.startLocked(sys)
 	case "PushPowerButton":
 		if on {
-			s.stopLocked(false)
+			s.stopLocked(sys, false)
 		} else {
-			err = s.startLocked()
+			err = s.startLocked(sys)
 		}
 	default:
 		redfishError(w, 400, "Base.1.8.ActionParameterNotSupported", "unsupported ResetType")
 		return
 	}
 	if err != nil {
-		s.log.Warn("reset failed", "type", body.ResetType, "error", err)
+		s.log.Warn("reset failed", "system", sys.cfg.ID, "type", body.ResetType, "error", err)
 		redfishError(w, 500, "Base.1.8.InternalError", "reset failed")
 		return
 	}

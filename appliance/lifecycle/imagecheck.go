@@ -1,3 +1,6 @@
+// Part of the image catalog (catalog.go): the upload-time check of a
+// compressed image's decompressed size and digest.
+
 package lifecycle
 
 import (

@@ -1,0 +1,61 @@
+// Package fleetsim is Kiln's fleet simulator (issue 13): N simulated
+// machines, each speaking the real protocols to a real `kiln serve` (the
+// built bin/kiln, started with a scratch data directory and configuration),
+// over network namespaces and veths it creates and removes (netns.go). It
+// measures what a site of thousands of machines costs Kiln.
+//
+// One run ([Run]):
+//
+//  1. The namespaces PREFIX-srv (Kiln) and PREFIX-lan (the machines and
+//     their BMCs); the simulation itself runs inside PREFIX-lan (Run
+//     re-executes the binary there), so every socket it opens is there.
+//  2. One virtual Redfish BMC (deploy/lab/vbmc) serving every machine's
+//     ComputerSystem, each on its own address (10.97.8.x:8443); a power-on
+//     starts that machine's boot ([vbmc.Power]).
+//  3. kiln serve with DHCP (authoritative, a pool of MaxMachines), TFTP and
+//     HTTP boot on PREFIX-srv, and its REST API on 10.98.0.1:7480.
+//  4. Through the REST API (plain HTTP, the run's admin token): a raw image
+//     upload (ImageMiB of random bytes), an N-row rack plan import (name,
+//     serial, vendor, model, rack, u, MAC, CPUs, memory, boot mode), one BMC
+//     enrolment per machine. Kiln's auto-inspection then powers the machines
+//     on in the batches it chooses, through its real BMC path (boot override
+//     PATCH and read-back, ComputerSystem.Reset).
+//  5. Each powered-on machine: DHCP from its own MAC with PXE options
+//     (option 60 PXEClient, 93 = BIOS, 97 UUID), TFTP of the boot file
+//     (pin/tftp/v3 client, from the leased address), DHCP again as iPXE
+//     (option 77 "iPXE"), the per-machine iPXE script (following its
+//     wait-and-retry answers), a Range of EnvBytes of the kernel and of the
+//     initramfs, then the agent API as cmd/kiln-agent/agent speaks it:
+//     register with an inventory that matches the rack plan, poll for tasks,
+//     and for a provision task the check, write, verify, stage, finalize and
+//     reboot reports (started, a running heartbeat in write and verify,
+//     succeeded), the image streamed with the per-boot token into SHA-256
+//     and discarded, then a reboot: the network boot again, which Kiln
+//     answers with the local disk, and the machine is provisioned.
+//  6. A follower of GET /v1/events records each machine's transitions and
+//     claims each machine that becomes available (POST
+//     /v1/machines/{id}/provision).
+//
+// The DHCP side of all machines is one AF_PACKET socket (dhcpc.go); the
+// packets are built by github.com/insomniacslk/dhcp/dhcpv4. Each machine's
+// TCP and TFTP traffic leaves from its leased address (an "AnyIP" local
+// route makes the whole pool local in PREFIX-lan).
+//
+// What a run reports ([Result], [Result.Lines]):
+//
+//	fleet: N provisioned, F failed in S s; kiln cpu X ms/machine; rss Y MB; store Z MB
+//
+// (S from the first power-on to the last provisioned; CPU is kiln serve's
+// utime+stime from /proc/PID/stat over the run from the import on, RSS its
+// VmHWM, store its data directory), then p50/p99 of each phase (power_on
+// from the import, dhcp, first_stage, environment, inspection from
+// registration to available, claim_to_write, write, verify, report: each
+// agent report's round trip, reboot: the reboot report to provisioned,
+// total), the raft log's and bbolt's file sizes and the events written (per
+// machine and by kind).
+//
+// Not simulated: the in-RAM environment is fetched in part and never run;
+// disks are not written (the image's bytes are hashed and dropped); DHCP
+// renewals; UEFI machines. The package imports nothing of Kiln's but the
+// agent API's wire types (deploy/scripts/depcheck).
+package fleetsim

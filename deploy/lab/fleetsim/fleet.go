@@ -1,0 +1,615 @@
+package fleetsim
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"kiln/api/agentapi"
+	"kiln/deploy/lab/vbmc/vbmc"
+)
+
+// Errors of Run.
+var (
+	// ErrNotRoot: the simulator creates network namespaces and an AF_PACKET socket.
+	ErrNotRoot = errors.New("fleetsim: needs root (network namespaces, AF_PACKET)")
+	// ErrMissing: a binary or the in-RAM environment is not built.
+	ErrMissing = errors.New("fleetsim: missing input")
+)
+
+// Options of one run. Zero values take the defaults named below.
+type Options struct {
+	// N is the number of simulated machines, 1..MaxMachines.
+	N int `json:"n"`
+	// Work is a scratch directory (created; Kiln's data and images under it).
+	Work string `json:"work"`
+	// Prefix names the namespaces PREFIX-srv and PREFIX-lan (default "kfs").
+	Prefix string `json:"prefix"`
+	// KilnBin is the built bin/kiln; EnvDir holds vmlinuz and initramfs
+	// (build/env, KILN_ENV_DIR).
+	KilnBin string `json:"kiln_bin"`
+	EnvDir  string `json:"env_dir"`
+	// ImageMiB is the raw image's size (default 4 MiB).
+	ImageMiB int `json:"image_mib"`
+	// EnvBytes is how much of the kernel and of the initramfs each machine
+	// fetches, from the start, with a Range request (default 1 MiB; 0 < n).
+	EnvBytes int64 `json:"env_bytes"`
+	// WriteTime is how long each machine's write step lasts after the image
+	// is hashed (a real disk write), with a running heartbeat every
+	// Task.Heartbeat meanwhile (default 0: the write ends with the download).
+	WriteTime time.Duration `json:"write_time"`
+	// AgentPoll is Kiln's lifecycle.agent_poll_after (0: Kiln's default).
+	AgentPoll time.Duration `json:"agent_poll"`
+	// BMCConcurrency is Kiln's bmc.concurrency (0: Kiln's default).
+	BMCConcurrency int `json:"bmc_concurrency"`
+	// Timeout bounds the run from the import to the last machine's end
+	// (default 5 min + 0.5 s per machine).
+	Timeout time.Duration `json:"timeout"`
+	// DHCPTimeout bounds one machine's DORA, retransmissions included (default 60 s).
+	DHCPTimeout time.Duration `json:"dhcp_timeout"`
+	// EnrollWorkers is how many BMC enrolments run at once (default 16).
+	EnrollWorkers int `json:"enroll_workers"`
+	// Out receives progress lines and the result lines (nil: discard).
+	Out io.Writer `json:"-"`
+}
+
+func (o *Options) defaults() error {
+	if o.N < 1 || o.N > MaxMachines {
+		return fmt.Errorf("fleetsim: N=%d: want 1..%d", o.N, MaxMachines)
+	}
+	if o.Prefix == "" {
+		o.Prefix = "kfs"
+	}
+	if o.ImageMiB <= 0 {
+		o.ImageMiB = 4
+	}
+	if o.EnvBytes <= 0 {
+		o.EnvBytes = 1 << 20
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5*time.Minute + time.Duration(o.N)*500*time.Millisecond
+	}
+	if o.DHCPTimeout <= 0 {
+		o.DHCPTimeout = 60 * time.Second
+	}
+	if o.EnrollWorkers <= 0 {
+		o.EnrollWorkers = 16
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if o.Work == "" {
+		return fmt.Errorf("fleetsim: Options.Work is required")
+	}
+	for _, f := range []string{o.KilnBin, filepath.Join(o.EnvDir, "vmlinuz"), filepath.Join(o.EnvDir, "initramfs")} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("%w: %s: run make build env (or set KILN_ENV_DIR)", ErrMissing, f)
+		}
+	}
+	return nil
+}
+
+// childEnv carries the Options to the simulator's second half, which runs
+// inside the machines' namespace (Run re-executes the binary there).
+const childEnv = "KILN_FLEETSIM_CHILD"
+
+// Run creates the lab's namespaces, runs the simulation in the machines'
+// namespace (the running executable again, under `ip netns exec`: every
+// socket the machines, their BMCs and the REST client open is then in that
+// namespace), removes the namespaces and returns the Result. The executable
+// must call ChildMain first thing when IsChild reports true (main() of
+// cmd/fleetsim, TestMain of the package's tests).
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.Work, 0o755); err != nil {
+		return nil, err
+	}
+	l, err := setupLab(o.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	defer l.teardown()
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	enc, _ := json.Marshal(o)
+	rp, wp, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", l.lan, self}, childArgs()...)...)
+	cmd.Env = append(os.Environ(), childEnv+"="+string(enc))
+	cmd.Stdout, cmd.Stderr = o.Out, o.Out
+	cmd.ExtraFiles = []*os.File{wp} // fd 3: the Result as JSON
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		rp.Close()
+		wp.Close()
+		return nil, err
+	}
+	wp.Close()
+	var res Result
+	derr := json.NewDecoder(rp).Decode(&res)
+	rp.Close()
+	werr := cmd.Wait()
+	if derr != nil {
+		return nil, fmt.Errorf("fleetsim: the simulation ended without a result (%v): %v", werr, derr)
+	}
+	if res.Error != "" {
+		return &res, errors.New(res.Error)
+	}
+	return &res, nil
+}
+
+// childArgs are the arguments the executable is re-run with: a test binary
+// runs only TestMain's child branch.
+func childArgs() []string {
+	if strings.HasSuffix(os.Args[0], ".test") {
+		return []string{"-test.run=^$"}
+	}
+	return nil
+}
+
+// IsChild reports whether this process is the simulation half started by Run.
+func IsChild() bool { return os.Getenv(childEnv) != "" }
+
+// ChildMain runs the simulation (inside the machines' namespace), writes the
+// Result to fd 3 and exits.
+func ChildMain() {
+	var o Options
+	res := &Result{}
+	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &o); err != nil {
+		res.Error = "fleetsim child: options: " + err.Error()
+	} else {
+		o.Out = os.Stdout
+		r, err := simulate(context.Background(), o)
+		if r != nil {
+			res = r
+		}
+		if err != nil {
+			res.Error = err.Error()
+		}
+	}
+	f := os.NewFile(3, "result")
+	_ = json.NewEncoder(f).Encode(res)
+	f.Close()
+	if res.Error != "" {
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// fleet is one simulation: the machines, their DHCP socket and HTTP clients,
+// the Kiln process and the image.
+type fleet struct {
+	ctx      context.Context
+	o        Options
+	k        *kiln
+	dhcp     *dhcpClient
+	machines []*machine
+	byID     map[string]*machine
+	imageID  string
+
+	mu      sync.Mutex
+	clients map[netip.Addr]*http.Client
+}
+
+func dialerFrom(ip netip.Addr) *net.Dialer {
+	return &net.Dialer{LocalAddr: &net.TCPAddr{IP: ip.AsSlice()}, Timeout: 10 * time.Second}
+}
+
+// bootClient is the firmware's HTTP client (iPXE): from the machine's
+// leased address, one connection, no keep-alive across boots.
+func (f *fleet) bootClient(ip netip.Addr) *http.Client {
+	return &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{Proxy: nil,
+		DialContext: dialerFrom(ip).DialContext, DisableKeepAlives: true}}
+}
+
+// agentClient is the agent's HTTP client (keep-alive, as net/http's default
+// transport), from the machine's leased address.
+func (f *fleet) agentClient(ip netip.Addr) *http.Client {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.clients[ip]; c != nil {
+		return c
+	}
+	c := &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dialerFrom(ip).DialContext,
+		MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 30 * time.Second}}
+	f.clients[ip] = c
+	return c
+}
+
+// rangeGet fetches the first n bytes of u (Range: bytes=0-(n-1)), as a
+// stand-in for the whole file: the request, headers and the first megabyte
+// load Kiln as a full fetch does, without the simulator copying the rest.
+func (f *fleet) rangeGet(ctx context.Context, hc *http.Client, u string, n int64) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", u, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=0-%d", n-1))
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("environment %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	got, err := io.Copy(io.Discard, resp.Body)
+	if err != nil {
+		return fmt.Errorf("environment %s: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusPartialContent && resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("environment %s: HTTP %d", u, resp.StatusCode)
+	}
+	if resp.StatusCode == http.StatusPartialContent && got != n {
+		return fmt.Errorf("environment %s: %d bytes for a range of %d", u, got, n)
+	}
+	return nil
+}
+
+// download streams the image with the agent's token into SHA-256 and
+// discards it, sending a running heartbeat halfway and every Task.Heartbeat.
+func (f *fleet) download(ctx context.Context, a *agentConn, u string) (string, int64, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", u, nil)
+	if err != nil {
+		return "", 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return "", 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return "", 0, fmt.Errorf("image: HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	total := resp.ContentLength
+	h := sha256.New()
+	buf := make([]byte, 256<<10)
+	var n int64
+	beat := false
+	for {
+		k, err := resp.Body.Read(buf)
+		h.Write(buf[:k])
+		n += int64(k)
+		if !beat && total > 0 && n*2 >= total {
+			beat = true
+			_ = a.report(ctx, agentapi.Report{Step: agentapi.StepWrite, State: agentapi.StateRunning,
+				Progress: float64(n) / float64(total), Message: fmt.Sprintf("%d%%", n*100/total)})
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return "", n, err
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+func (f *fleet) say(format string, a ...any) { fmt.Fprintf(f.o.Out, format+"\n", a...) }
+
+// macOf is machine i's MAC: locally administered unicast 02:4b:46:xx:xx:xx.
+func macOf(i int) net.HardwareAddr {
+	return net.HardwareAddr{0x02, 0x4b, 0x46, byte(i >> 16), byte(i >> 8), byte(i)}
+}
+
+const (
+	bmcUser = "admin"
+	bmcPort = 8443
+)
+
+// simulate is the run inside the machines' namespace.
+func simulate(ctx context.Context, o Options) (*Result, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	f := &fleet{ctx: ctx, o: o, byID: map[string]*machine{}, clients: map[netip.Addr]*http.Client{}}
+	res := &Result{N: o.N}
+	for i := 0; i < o.N; i++ {
+		m := &machine{f: f, i: i, name: fmt.Sprintf("fs-%04d", i+1), mac: macOf(i),
+			serial: fmt.Sprintf("FS%06d", i+1), uuid: fmt.Sprintf("5e1f0000-0000-4000-8000-%012x", i+1), bmc: bmcAddr(i)}
+		f.machines = append(f.machines, m)
+	}
+	var err error
+	if f.dhcp, err = newDHCPClient(lanIf); err != nil {
+		return nil, err
+	}
+	defer f.dhcp.Close()
+
+	// The BMCs: one vbmc process (this one) serving every machine's
+	// ComputerSystem, each on its own address.
+	pwb := make([]byte, 12)
+	_, _ = rand.Read(pwb)
+	bmcPass := "Fleet-" + hex.EncodeToString(pwb)
+	var systems []vbmc.SystemConfig
+	for _, m := range f.machines {
+		systems = append(systems, vbmc.SystemConfig{ID: strconv.Itoa(m.i + 1), Addr: m.bmc, Serial: m.serial,
+			Manufacturer: fleetVendor, Model: fleetModel, UUID: m.uuid, MACs: []string{m.mac.String()}, Power: m})
+	}
+	vb, err := vbmc.New(vbmc.Config{Listen: fmt.Sprintf("0.0.0.0:%d", bmcPort), Username: bmcUser, Password: bmcPass,
+		Systems: systems, NoRequestLog: true})
+	if err != nil {
+		return nil, err
+	}
+	vbDone := make(chan struct{})
+	go func() {
+		defer close(vbDone)
+		_ = vb.Run(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
+	defer func() { cancel(); <-vbDone }()
+
+	img, sum, err := makeImage(o)
+	if err != nil {
+		return nil, err
+	}
+	f.k, err = startKiln(ctx, o, &lab{srv: o.Prefix + "-srv", lan: o.Prefix + "-lan"})
+	if err != nil {
+		return nil, err
+	}
+	defer f.k.stop()
+	f.say("fleet: kiln pid %d ready (API %s, boot %s); %d machines, BMCs %s..%s:%d", f.k.pid, apiAddr, bootHTTP, o.N,
+		bmcAddr(0), bmcAddr(o.N-1), bmcPort)
+
+	var im struct {
+		ID string `json:"id"`
+	}
+	imgFile, err := os.Open(img)
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{"name": {"fleet-image"}, "version": {"1"}, "sha256": {sum}, "format": {"raw"}}
+	err = f.k.do(ctx, "POST", "/v1/images", q, imgFile, "application/octet-stream", &im)
+	imgFile.Close()
+	if err != nil {
+		return nil, err
+	}
+	f.imageID = im.ID
+
+	before, err := readProc(f.k.pid)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, runCancel := context.WithTimeout(ctx, o.Timeout)
+	defer runCancel()
+	start := time.Now()
+
+	// The rack plan: one row per machine, with the hardware the agent will report.
+	var plan strings.Builder
+	plan.WriteString("name,serial,vendor,model,rack,u,macs,cpus,memory_gib,boot_mode,labels\n")
+	for _, m := range f.machines {
+		fmt.Fprintf(&plan, "%s,%s,%s,%s,fs-r%03d,%d,%s,%d,%d,legacy,fleet=sim\n", m.name, m.serial, fleetVendor, fleetModel,
+			m.i/40+1, m.i%40+1, m.mac, fleetCPUs, fleetMemGiB)
+	}
+	var ir struct {
+		Created int      `json:"created"`
+		IDs     []string `json:"ids"`
+	}
+	if err := f.k.do(runCtx, "POST", "/v1/machines/import", url.Values{"format": {"csv"}}, strings.NewReader(plan.String()), "text/csv", &ir); err != nil {
+		return nil, err
+	}
+	if ir.Created != o.N || len(ir.IDs) != o.N {
+		return nil, fmt.Errorf("fleetsim: import created %d machines (%d IDs), want %d", ir.Created, len(ir.IDs), o.N)
+	}
+	if err := f.mapIDs(runCtx); err != nil {
+		return nil, err
+	}
+	res.ImportSeconds = time.Since(start).Seconds()
+	f.say("fleet: imported %d machines in %.1f s", o.N, res.ImportSeconds)
+
+	// Follow the events: each machine that becomes available is provisioned.
+	w := newWatcher(f)
+	go w.follow(runCtx)
+	go w.provisioner(runCtx)
+
+	t0 := time.Now()
+	if err := f.enroll(runCtx, bmcPass); err != nil {
+		return nil, err
+	}
+	res.EnrollSeconds = time.Since(t0).Seconds()
+	f.say("fleet: enrolled %d BMCs in %.1f s", o.N, res.EnrollSeconds)
+
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for !w.finished() {
+		select {
+		case <-runCtx.Done():
+			f.say("fleet: run timeout after %s", o.Timeout)
+			goto done
+		case <-w.changed:
+		case <-tick.C:
+			p, fl, a := w.counts()
+			f.say("fleet: %5.0f s  provisioned %d, failed %d, available %d, errors %d", time.Since(start).Seconds(), p, fl, a, f.simErrors())
+		}
+	}
+done:
+	end := time.Now()
+	after, err := readProc(f.k.pid)
+	if err != nil {
+		return nil, err
+	}
+	res.fill(f, w, before, after, start, end)
+	if err := f.countEvents(ctx, res); err != nil {
+		return nil, err
+	}
+	if m, err := f.k.metrics(ctx); err == nil {
+		res.Metrics = m
+	} else {
+		f.say("fleet: kiln /metrics: %v", err)
+	}
+	res.RaftBytes, res.FSMBytes = storeFiles(f.k.data)
+	res.StoreBytes = dirSize(f.k.data)
+	for _, line := range res.Lines() {
+		f.say("%s", line)
+	}
+	return res, nil
+}
+
+// mapIDs reads the machines' IDs by name (GET /v1/machines, paged).
+func (f *fleet) mapIDs(ctx context.Context) error {
+	byName := map[string]*machine{}
+	for _, m := range f.machines {
+		byName[m.name] = m
+	}
+	after := ""
+	for {
+		var ml struct {
+			Items []struct {
+				ID   string `json:"id"`
+				Name string `json:"name"`
+			} `json:"items"`
+			Next string `json:"next"`
+		}
+		q := url.Values{"limit": {"500"}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		if err := f.k.do(ctx, "GET", "/v1/machines", q, nil, "", &ml); err != nil {
+			return err
+		}
+		for _, it := range ml.Items {
+			if m := byName[it.Name]; m != nil {
+				m.id = it.ID
+				f.byID[it.ID] = m
+			}
+		}
+		if ml.Next == "" || len(ml.Items) == 0 {
+			break
+		}
+		after = ml.Next
+	}
+	if len(f.byID) != len(f.machines) {
+		return fmt.Errorf("fleetsim: %d of %d machines listed after the import", len(f.byID), len(f.machines))
+	}
+	return nil
+}
+
+// enroll enrols every BMC (POST /v1/machines/{id}/bmc), EnrollWorkers at a
+// time; Kiln then powers the machines on in the batches it chooses.
+func (f *fleet) enroll(ctx context.Context, pass string) error {
+	jobs := make(chan *machine)
+	errc := make(chan error, len(f.machines))
+	var wg sync.WaitGroup
+	for w := 0; w < f.o.EnrollWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range jobs {
+				body := map[string]any{"address": fmt.Sprintf("%s:%d", m.bmc, bmcPort), "driver": "redfish",
+					"username": bmcUser, "password": pass, "insecure_tls": true}
+				if err := f.k.do(ctx, "POST", "/v1/machines/"+m.id+"/bmc", nil, body, "", nil); err != nil {
+					errc <- fmt.Errorf("enroll %s: %w", m.name, err)
+				}
+			}
+		}()
+	}
+	for _, m := range f.machines {
+		jobs <- m
+	}
+	close(jobs)
+	wg.Wait()
+	close(errc)
+	return <-errc // nil when none
+}
+
+func (f *fleet) simErrors() int {
+	n := 0
+	for _, m := range f.machines {
+		m.mu.Lock()
+		if m.err != nil {
+			n++
+		}
+		m.mu.Unlock()
+	}
+	return n
+}
+
+// countEvents pages through /v1/events and counts them, and those about machines.
+func (f *fleet) countEvents(ctx context.Context, res *Result) error {
+	var after uint64
+	kinds := map[string]int{}
+	for {
+		var el struct {
+			Events []struct {
+				Index   uint64 `json:"index"`
+				Subject string `json:"subject"`
+				Kind    string `json:"kind"`
+			} `json:"events"`
+			Next uint64 `json:"next"`
+		}
+		q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}}
+		if err := f.k.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
+			return err
+		}
+		if len(el.Events) == 0 {
+			break
+		}
+		for _, e := range el.Events {
+			res.Events++
+			if strings.HasPrefix(e.Subject, "machine/") {
+				res.MachineEvents++
+			}
+			kinds[e.Kind]++
+			after = max(after, e.Index)
+		}
+		if el.Next > after {
+			after = el.Next
+		}
+	}
+	res.EventKinds = kinds
+	return nil
+}
+
+// makeImage writes a raw image of ImageMiB pseudo-random MiB and returns its path and SHA-256.
+func makeImage(o Options) (string, string, error) {
+	p := filepath.Join(o.Work, "fleet-image.raw")
+	fh, err := os.Create(p)
+	if err != nil {
+		return "", "", err
+	}
+	h := sha256.New()
+	buf := make([]byte, 1<<20)
+	for i := 0; i < o.ImageMiB; i++ {
+		_, _ = rand.Read(buf)
+		h.Write(buf)
+		if _, err := fh.Write(buf); err != nil {
+			fh.Close()
+			return "", "", err
+		}
+	}
+	if err := fh.Close(); err != nil {
+		return "", "", err
+	}
+	return p, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// sortedDurations returns ds sorted (a copy).
+func sortedDurations(ds []time.Duration) []time.Duration {
+	out := append([]time.Duration(nil), ds...)
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}

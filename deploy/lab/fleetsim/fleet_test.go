@@ -1,0 +1,162 @@
+package fleetsim_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"kiln/deploy/lab/benchline"
+	"kiln/deploy/lab/fleetsim"
+	"kiln/deploy/lab/testreq"
+)
+
+// TestMain runs the simulation half when Run re-executes the test binary
+// inside the machines' namespace.
+func TestMain(m *testing.M) {
+	if fleetsim.IsChild() {
+		fleetsim.ChildMain()
+	}
+	os.Exit(m.Run())
+}
+
+// buildKiln builds cmd/kiln into dir (go's build cache makes this quick).
+func buildKiln(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "kiln")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kiln")
+	cmd.Dir = testreq.RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kiln: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// standInEnv writes a vmlinuz and an initramfs of 2 MiB of random bytes: the
+// simulated firmware fetches a Range of each and never runs them, so the
+// quick test does not need the built environment.
+func standInEnv(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "env")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"vmlinuz", "initramfs"} {
+		b := make([]byte, 2<<20)
+		_, _ = rand.Read(b)
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestFleetSmall runs three simulated machines through the whole flow
+// against a real kiln serve: rack plan import, BMC enrolment through the
+// many-system vbmc, Kiln's power-on, DHCP (PXE then iPXE), TFTP, the iPXE
+// script and a Range of the environment, agent registration and inspection,
+// a claim, the build's reports and image download, the reboot's local boot,
+// and provisioned. Every machine must end provisioned with no simulator error.
+func TestFleetSmall(t *testing.T) {
+	testreq.Root(t, "network namespaces and AF_PACKET", "ip", "sysctl")
+	work := t.TempDir()
+	var out strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := fleetsim.Run(ctx, fleetsim.Options{N: 3, Work: work, Prefix: "kfst" + strconv.Itoa(os.Getpid()%1000),
+		KilnBin: buildKiln(t, work), EnvDir: standInEnv(t), AgentPoll: 500 * time.Millisecond, ImageMiB: 2,
+		Timeout: time.Minute, Out: &out})
+	t.Log(out.String())
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if res.Provisioned != 3 || res.Failed != 0 || res.SimErrors != 0 || res.PowerOns != 3 || res.Repowered != 0 {
+		t.Fatalf("result: %d provisioned, %d failed, %d simulator errors, %d power-ons (%d machines twice), want 3, 0, 0, 3 (0):\n%s",
+			res.Provisioned, res.Failed, res.SimErrors, res.PowerOns, res.Repowered, strings.Join(res.Lines(), "\n"))
+	}
+	for _, p := range res.Phases {
+		if p.N == 0 {
+			t.Errorf("phase %s: no machine went through it", p.Name)
+		}
+	}
+	if res.KilnCPUSeconds <= 0 || res.PeakRSS <= 0 || res.StoreBytes <= 0 || res.MachineEvents < 3*10 {
+		t.Errorf("kiln figures not measured: cpu %v s, rss %d, store %d, machine events %d", res.KilnCPUSeconds, res.PeakRSS,
+			res.StoreBytes, res.MachineEvents)
+	}
+	if !strings.HasPrefix(res.Lines()[0], "fleet: 3 provisioned, 0 failed in ") {
+		t.Errorf("headline %q", res.Lines()[0])
+	}
+}
+
+// benchSizes are the fleet sizes of the scaling curve: KILN_FLEET_SIZES
+// (comma-separated), default the curve 250,500,1000,2000.
+func benchSizes(t *testing.T) []int {
+	v := os.Getenv("KILN_FLEET_SIZES")
+	if v == "" {
+		v = "250,500,1000,2000"
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > fleetsim.MaxMachines {
+			t.Fatalf("KILN_FLEET_SIZES %q: want sizes 1..%d separated by commas", v, fleetsim.MaxMachines)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// TestBenchFleetScaling (KILN_BENCH=1, root; bin/kiln and the environment
+// from make build env) runs the simulator once per size of benchSizes and
+// prints Kiln's CPU per machine at each size and the scaling ratio: CPU per
+// machine at the largest size over the smallest (goal ≤ 1.2, a flat cost per
+// machine). No peer provisioner runs here (Metal3 and Ironic need a
+// Kubernetes cluster or their own database and conductor): "(no peer)".
+func TestBenchFleetScaling(t *testing.T) {
+	benchline.Need(t, true, "ip", "sysctl")
+	kilnBin := filepath.Join(testreq.RepoRoot(), "bin", "kiln")
+	if _, err := os.Stat(kilnBin); err != nil {
+		t.Fatalf("%s: run make build (make bench does)", kilnBin)
+	}
+	kernel, _ := testreq.Env(t)
+	env := filepath.Dir(kernel)
+	sizes := benchSizes(t)
+	per := map[int]float64{}
+	for _, n := range sizes {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		res, err := fleetsim.Run(ctx, fleetsim.Options{N: n, Work: t.TempDir(), KilnBin: kilnBin, EnvDir: env, Out: os.Stdout})
+		cancel()
+		if err != nil {
+			t.Fatalf("N=%d: %v", n, err)
+		}
+		if res.Provisioned != n {
+			t.Errorf("N=%d: %d provisioned, %d failed, %d unfinished", n, res.Provisioned, res.Failed, res.Unfinished)
+		}
+		per[n] = res.CPUPerMachineMS
+		var total fleetsim.Phase
+		for _, p := range res.Phases {
+			if p.Name == "total" {
+				total = p
+			}
+		}
+		benchline.Print(t, benchline.Line{Name: fmt.Sprintf("fleet_cpu_per_machine_n%d", n), Unit: "ms/machine", Kiln: res.CPUPerMachineMS,
+			Fields: []benchline.Field{{Key: "seconds", Value: benchline.Num(res.Seconds)}, {Key: "rss_mb", Value: benchline.Num(float64(res.PeakRSS) / (1 << 20))},
+				{Key: "store_mb", Value: benchline.Num(float64(res.StoreBytes) / (1 << 20))}, {Key: "provisioned", Value: strconv.Itoa(res.Provisioned)}, {Key: "repowered", Value: strconv.Itoa(res.Repowered)},
+				{Key: "total_p99_s", Value: benchline.Num(total.P99)}}})
+	}
+	lo, hi := sizes[0], sizes[len(sizes)-1]
+	for _, n := range sizes {
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	if lo == hi {
+		return
+	}
+	benchline.Print(t, benchline.Line{Name: "fleet_cpu_scaling", Unit: "ratio", Kiln: per[hi] / per[lo],
+		Fields: []benchline.Field{{Key: "largest", Value: strconv.Itoa(hi)}, {Key: "smallest", Value: strconv.Itoa(lo)}, {Key: "goal", Value: "<=1.2"}}})
+}
