@@ -576,13 +576,15 @@ func (s *Store) Join(ctx context.Context, id, raftAddr, forwardAddr string) erro
 			return err
 		}
 	}
-	return s.joinLocal(ctx, id, raftAddr, forwardAddr)
+	return s.joinLocal(ctx, raftAddr, &nodeInfo{ID: id, ForwardAddr: forwardAddr})
 }
 
-func (s *Store) joinLocal(ctx context.Context, id, raftAddr, forwardAddr string) error {
+// joinLocal registers n (its forward address, and its version when the
+// joiner sent it, JoinVia) and adds it as a voter at raftAddr.
+func (s *Store) joinLocal(ctx context.Context, raftAddr string, n *nodeInfo) error {
+	id, forwardAddr := n.ID, n.ForwardAddr
 	if forwardAddr != "" {
-		c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "join"},
-			Node: &nodeInfo{ID: id, ForwardAddr: forwardAddr}}
+		c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "join"}, Node: n}
 		if _, _, err := s.applyLocal(ctx, c); err != nil {
 			return fmt.Errorf("store: join %s: %w", id, err)
 		}
