@@ -54,6 +54,9 @@ type NodeVersion struct {
 type UnsupportedByClusterError struct {
 	Command CommandType
 	Old     map[string]CommandType
+	// Unregistered names the servers of Old that have no version record
+	// (counted at BaselineCommand).
+	Unregistered map[string]bool
 }
 
 func (e *UnsupportedByClusterError) Error() string {
@@ -64,7 +67,11 @@ func (e *UnsupportedByClusterError) Error() string {
 	sort.Strings(ids)
 	parts := make([]string, len(ids))
 	for i, id := range ids {
-		parts[i] = fmt.Sprintf("%s (understands up to %d)", id, e.Old[id])
+		if e.Unregistered[id] {
+			parts[i] = fmt.Sprintf("%s (no version record: an older binary, or it has not registered yet; assumed to understand up to %d)", id, e.Old[id])
+		} else {
+			parts[i] = fmt.Sprintf("%s (understands up to %d)", id, e.Old[id])
+		}
 	}
 	return fmt.Sprintf("store: command %s (%d) is not understood by every node of the cluster: %s; "+
 		"upgrade %s (a node re-registers its version on start), then retry",
@@ -104,10 +111,11 @@ func nodeVersions(tx *bbolt.Tx) (map[string]NodeVersion, error) {
 // versionGate caches, on the leader, which servers understand which
 // command types.
 type versionGate struct {
-	mu   sync.Mutex
-	at   time.Time
-	gen  uint64                 // fsm.versionsGen when computed
-	caps map[string]CommandType // server ID → newest understood type
+	mu    sync.Mutex
+	at    time.Time
+	gen   uint64                 // fsm.versionsGen when computed
+	caps  map[string]CommandType // server ID → newest understood type
+	unreg map[string]bool        // servers without a version record
 }
 
 func (g *versionGate) invalidate() {
@@ -139,7 +147,7 @@ func (s *Store) checkVersions(t CommandType) error {
 		}); err != nil {
 			return err
 		}
-		caps := map[string]CommandType{}
+		caps, unreg := map[string]CommandType{}, map[string]bool{}
 		for _, sv := range f.Configuration().Servers {
 			id := string(sv.ID)
 			switch nv, ok := vers[id]; {
@@ -148,24 +156,54 @@ func (s *Store) checkVersions(t CommandType) error {
 			case ok:
 				caps[id] = nv.MaxCommand
 			default:
-				caps[id] = BaselineCommand
+				caps[id], unreg[id] = BaselineCommand, true
 			}
 		}
-		g.caps, g.gen, g.at = caps, gen, time.Now()
+		g.caps, g.unreg, g.gen, g.at = caps, unreg, gen, time.Now()
 	}
-	var old map[string]CommandType
+	var e *UnsupportedByClusterError
 	for id, max := range g.caps {
 		if max < t {
-			if old == nil {
-				old = map[string]CommandType{}
+			if e == nil {
+				e = &UnsupportedByClusterError{Command: t, Old: map[string]CommandType{}, Unregistered: map[string]bool{}}
 			}
-			old[id] = max
+			e.Old[id] = max
+			if g.unreg[id] {
+				e.Unregistered[id] = true
+			}
 		}
 	}
-	if old != nil {
-		return &UnsupportedByClusterError{Command: t, Old: old}
+	if e != nil {
+		return e
 	}
 	return nil
+}
+
+// unregisteredWait bounds how long a write waits for servers without a
+// version record to register (a node added with Join on its behalf
+// registers within registerInterval of knowing the leader; an older binary
+// never does, and is then refused).
+const unregisteredWait = 3 * time.Second
+
+// checkVersionsWait is checkVersions, waiting up to unregisteredWait (or
+// ctx) while the only servers refusing t are ones that have not
+// registered a version record yet.
+func (s *Store) checkVersionsWait(ctx context.Context, t CommandType) error {
+	deadline := time.Now().Add(unregisteredWait)
+	for {
+		err := s.checkVersions(t)
+		var ue *UnsupportedByClusterError
+		if !errors.As(err, &ue) || len(ue.Unregistered) < len(ue.Old) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-s.done:
+			return ErrClosed
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // maxCommand is the newest type this node claims (MaxCommand unless a test
