@@ -208,6 +208,9 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		if cfg.Boot.DHCP.Port != 0 {
 			dc.ListenPort = cfg.Boot.DHCP.Port
 		}
+		if w := cfg.Boot.DHCP.BalanceWait; w != nil {
+			dc.BalanceWait = *w
+		}
 		dc.HTTPBootURL = baseURL
 		for _, s := range cfg.Boot.DHCP.Subnets {
 			sn, err := s.dhcpSubnet()

@@ -130,6 +130,12 @@ type DHCPConfig struct {
 	Mode    string         `yaml:"mode"` // authoritative | proxy
 	Port    int            `yaml:"port"` // 67 unless testing
 	Subnets []SubnetConfig `yaml:"subnets"`
+	// BalanceWait: in a cluster, a client that another node answers first
+	// (RFC 3074 load balancing) is answered by this node once its secs
+	// field shows it waited this long; unset = dhcp.DefaultBalanceWait (3s),
+	// 0s = every node answers every client at once (nodes each alone on
+	// their own segment).
+	BalanceWait *time.Duration `yaml:"balance_wait"`
 }
 
 // SubnetConfig is one IPv4 subnet (RFC 2131: chosen by giaddr for relayed
@@ -296,6 +302,9 @@ func (c *Config) Validate() error {
 		}
 		if c.Boot.DHCP.Mode != "authoritative" && c.Boot.DHCP.Mode != "proxy" {
 			return fmt.Errorf("config: boot.dhcp.mode %q: want authoritative or proxy", c.Boot.DHCP.Mode)
+		}
+		if w := c.Boot.DHCP.BalanceWait; w != nil && *w < 0 {
+			return fmt.Errorf("config: boot.dhcp.balance_wait %v: want 0 or more", *w)
 		}
 		if c.Boot.DHCP.Mode == "authoritative" && len(c.Boot.DHCP.Subnets) == 0 {
 			return errors.New("config: boot.dhcp.subnets: authoritative mode needs at least one subnet")

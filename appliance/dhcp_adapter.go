@@ -2,7 +2,6 @@ package appliance
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -15,14 +14,16 @@ import (
 
 // dhcpBackend adapts the replicated store to dhcp.Backend. Machine reads the
 // local replica (the boot path never waits on raft); Discovered goes to the
-// lifecycle (the only writer of machine records, with its discovery limits)
-// and SaveLeases writes through raft (forwarded to the leader by the store).
+// lifecycle (the only writer of machine records, with its discovery limits);
+// CommitLeases writes through raft (forwarded to the leader by the store).
+// The lease methods are in dhcp_leases.go.
 type dhcpBackend struct {
 	st          *store.Store
 	discover    discoverer
 	scriptURL   func(mac string) string
 	log         *slog.Logger
 	discoveries chan discovery
+	voters      voterCache // Members (dhcp_leases.go)
 }
 
 func (b *dhcpBackend) Machine(mac net.HardwareAddr) (dhcp.MachineInfo, bool) {
@@ -89,32 +90,4 @@ func (b *dhcpBackend) runDiscoveries(ctx context.Context) error {
 			}
 		}
 	}
-}
-
-func (b *dhcpBackend) LoadLeases() ([]dhcp.Lease, error) {
-	ls, err := b.st.Leases()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]dhcp.Lease, 0, len(ls))
-	for _, l := range ls {
-		mac, err := net.ParseMAC(l.MAC)
-		if err != nil {
-			return nil, errors.New("lease with malformed MAC " + l.MAC)
-		}
-		ip, err := netip.ParseAddr(l.IP)
-		if err != nil {
-			return nil, errors.New("lease with malformed IP " + l.IP)
-		}
-		out = append(out, dhcp.Lease{MAC: mac, IP: ip, Hostname: l.Hostname, Expiry: l.Expiry, State: l.State})
-	}
-	return out, nil
-}
-
-func (b *dhcpBackend) SaveLeases(ctx context.Context, ls []dhcp.Lease) error {
-	out := make([]store.Lease, len(ls))
-	for i, l := range ls {
-		out[i] = store.Lease{MAC: strings.ToLower(l.MAC.String()), IP: l.IP.String(), Hostname: l.Hostname, Expiry: l.Expiry.UTC(), State: l.State}
-	}
-	return b.st.PutLeases(ctx, out)
 }

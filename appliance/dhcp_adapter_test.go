@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -110,20 +111,35 @@ func TestDHCPMachineInfo(t *testing.T) {
 	}
 }
 
-// Leases round-trip through the replicated store.
+// Leases round-trip through the replicated store: a committed binding
+// reaches the watcher with its fields intact; a second client's binding of
+// the same address is refused with dhcp.ErrAddressTaken.
 func TestDHCPLeasesRoundTrip(t *testing.T) {
 	b, _ := newDHCPBackend(t)
+	var got []dhcp.Lease
+	stop, err := b.WatchLeases(func([]dhcp.Lease) {}, func(ls []dhcp.Lease) { got = append(got, ls...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
 	mac, _ := net.ParseMAC("52:54:00:ab:cd:04")
 	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
 	in := []dhcp.Lease{{MAC: mac, IP: netip.MustParseAddr("10.0.0.100"), Hostname: "h", Expiry: exp, State: dhcp.LeaseBound}}
-	if err := b.SaveLeases(context.Background(), in); err != nil {
-		t.Fatal(err)
+	if errs, err := b.CommitLeases(context.Background(), in); err != nil || errs[0] != nil {
+		t.Fatal(errs, err)
 	}
-	out, err := b.LoadLeases()
-	if err != nil || len(out) != 1 {
-		t.Fatalf("load: %v %v", out, err)
+	if len(got) != 1 {
+		t.Fatalf("watcher got %v", got)
 	}
-	if out[0].MAC.String() != mac.String() || out[0].IP != in[0].IP || !out[0].Expiry.Equal(exp) || out[0].State != dhcp.LeaseBound {
-		t.Fatalf("lease changed on the way: %+v", out[0])
+	if got[0].MAC.String() != mac.String() || got[0].IP != in[0].IP || !got[0].Expiry.Equal(exp) || got[0].State != dhcp.LeaseBound || got[0].Hostname != "h" {
+		t.Fatalf("lease changed on the way: %+v", got[0])
+	}
+	other, _ := net.ParseMAC("52:54:00:ab:cd:05")
+	errs, err := b.CommitLeases(context.Background(), []dhcp.Lease{{MAC: other, IP: in[0].IP, Expiry: exp, State: dhcp.LeaseBound}})
+	if err != nil || !errors.Is(errs[0], dhcp.ErrAddressTaken) || !errors.Is(errs[0], store.ErrAddressTaken) {
+		t.Fatalf("second holder: %v %v", errs, err)
+	}
+	if self, all := b.Members(); self != store.LocalNodeID || len(all) != 1 || all[0] != self || !b.CanCommit() {
+		t.Fatalf("members %q %v, can commit %v", self, all, b.CanCommit())
 	}
 }

@@ -1,7 +1,6 @@
 package dhcp
 
 import (
-	"context"
 	"encoding/json"
 	"net"
 	"path/filepath"
@@ -13,12 +12,15 @@ import (
 )
 
 // boltBackend is a Backend over a bbolt file: one fsync'd transaction per
-// SaveLeases batch, so leases are durable as the real store's will be. The
-// machines map stands in for the store's reservations.
+// CommitLeases batch (its accepted changes), so leases are durable as the
+// real store's are; the address rule and the feed are the tests' leaseLog.
+// The machines map stands in for the store's reservations.
 type boltBackend struct {
 	db       *bolt.DB
 	mu       sync.Mutex
 	machines map[string]MachineInfo
+	leaseLog
+	members
 }
 
 var leaseBucket = []byte("leases")
@@ -33,7 +35,9 @@ func newBoltBackend(t testing.TB) *boltBackend {
 	if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucketIfNotExists(leaseBucket); return err }); err != nil {
 		t.Fatal(err)
 	}
-	return &boltBackend{db: db, machines: map[string]MachineInfo{}}
+	b := &boltBackend{db: db, machines: map[string]MachineInfo{}}
+	b.save = b.persist
+	return b
 }
 
 func (b *boltBackend) Machine(mac net.HardwareAddr) (MachineInfo, bool) {
@@ -45,6 +49,7 @@ func (b *boltBackend) Machine(mac net.HardwareAddr) (MachineInfo, bool) {
 
 func (b *boltBackend) Discovered(net.HardwareAddr, uint16, string) {}
 
+// LoadLeases returns every durable lease (for the tests' checks).
 func (b *boltBackend) LoadLeases() ([]Lease, error) {
 	var out []Lease
 	err := b.db.View(func(tx *bolt.Tx) error {
@@ -60,19 +65,18 @@ func (b *boltBackend) LoadLeases() ([]Lease, error) {
 	return out, err
 }
 
-func (b *boltBackend) SaveLeases(_ context.Context, ls []Lease) error {
-	err := b.db.Update(func(tx *bolt.Tx) error {
+func (b *boltBackend) persist(ls []Lease) error {
+	return b.db.Update(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(leaseBucket)
 		for _, l := range ls {
 			v, err := json.Marshal(l)
 			if err != nil {
 				return err
 			}
-			if err := bk.Put(l.IP.AsSlice(), v); err != nil { // keyed by IP (see Backend)
+			if err := bk.Put(l.IP.AsSlice(), v); err != nil { // keyed by IP, as the record is
 				return err
 			}
 		}
 		return nil
 	})
-	return err
 }

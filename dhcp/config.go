@@ -37,6 +37,9 @@ const (
 	DefaultReadBuffer       = 1 << 20 // bytes of socket receive buffer (~0.1-0.2 s of requests at 5k/s)
 	DefaultBatchDelay       = 0       // natural group commit: no linger
 	DefaultSaveTimeout      = 5 * time.Second
+	// DefaultBalanceWait: a client another member owns (RFC 3074) is
+	// answered once its secs field shows it waited this long.
+	DefaultBalanceWait = 3 * time.Second
 	// MaxFileLen is the longest boot file name the BOOTP file field holds
 	// (128 bytes with a terminating NUL, RFC 951).
 	MaxFileLen = 127
@@ -138,10 +141,14 @@ type Config struct {
 	DiscoverInterval time.Duration `yaml:"discover_interval"`
 	// Group commit: a batch is every lease change queued when the previous
 	// save ended, at most BatchMax; BatchDelay > 0 additionally lingers that
-	// long for more (0 = no linger). SaveTimeout bounds one SaveLeases call.
+	// long for more (0 = no linger). SaveTimeout bounds one CommitLeases call.
 	BatchMax    int           `yaml:"batch_max"`
 	BatchDelay  time.Duration `yaml:"batch_delay"`
 	SaveTimeout time.Duration `yaml:"save_timeout"`
+	// BalanceWait: with several members (Membership), a client whose RFC
+	// 3074 hash bucket another member owns is answered only once its secs
+	// field (whole seconds) reaches this; 0 = answer every client at once.
+	BalanceWait time.Duration `yaml:"balance_wait"`
 }
 
 // DefaultConfig returns a Config with every tunable at its named default; the
@@ -167,6 +174,7 @@ func DefaultConfig() Config {
 		BatchMax:         DefaultBatchMax,
 		BatchDelay:       DefaultBatchDelay,
 		SaveTimeout:      DefaultSaveTimeout,
+		BalanceWait:      DefaultBalanceWait,
 	}
 }
 
@@ -204,6 +212,9 @@ func (c *Config) Validate() error {
 	}
 	if c.OfferHold <= 0 || c.DeclineHold <= 0 || c.DiscoverInterval <= 0 || c.BatchDelay < 0 || c.SaveTimeout <= 0 {
 		return bad("offer_hold, decline_hold, discover_interval, save_timeout must be > 0, batch_delay >= 0")
+	}
+	if c.BalanceWait < 0 {
+		return bad("balance_wait < 0")
 	}
 	if c.Mode == ModeAuthoritative && len(c.Subnets) == 0 {
 		return bad("authoritative mode needs at least one subnet")

@@ -2,8 +2,10 @@
 // RFC 4578, RFC 3004, RFC 3046, UEFI HTTP boot).
 //
 // It owns: the handler chain that answers DHCP requests in authoritative or
-// proxyDHCP mode; the in-memory lease table and its group commit to the
-// Backend; the Linux socket loop (SO_BINDTODEVICE, IP_PKTINFO, a bounded
+// proxyDHCP mode; the in-memory lease view that follows the Backend's
+// committed lease record (LeaseCommitter.WatchLeases), the tentative offers
+// and the group commit of bindings (ACK only once committed, NAK when
+// refused); RFC 3074 load balancing among the Membership's servers; the Linux socket loop (SO_BINDTODEVICE, IP_PKTINFO, a bounded
 // worker pool, a per-MAC token bucket); and the boot-file rules that send
 // firmware to the right first stage and iPXE to its per-machine script.
 //

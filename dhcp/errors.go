@@ -23,7 +23,11 @@ var (
 	ErrNoSubnet = errors.New("dhcp: no subnet for request")
 	// ErrPoolExhausted: the subnet's pool has no free address.
 	ErrPoolExhausted = errors.New("dhcp: pool exhausted")
-	// ErrPersist: the Backend could not make a lease batch durable; the ACKs of
+	// ErrPersist: the Backend could not commit a lease batch; the ACKs of
 	// that batch are not sent.
 	ErrPersist = errors.New("dhcp: persisting leases failed")
+	// ErrAddressTaken: the lease record refused a change because another
+	// client holds the address (or it is declined). A LeaseCommitter wraps
+	// it; the server answers the REQUEST with a NAK.
+	ErrAddressTaken = errors.New("dhcp: address held by another client")
 )

@@ -10,7 +10,8 @@ import (
 )
 
 // FuzzHandle feeds arbitrary bytes through the parser and the handler chains
-// of both modes: no panic, and every reply encodes and parses back with the
+// of both modes (authoritative also as one member of three and on the
+// minority side): no panic, and every reply encodes and parses back with the
 // same message type, transaction ID and chaddr.
 func FuzzHandle(f *testing.F) {
 	for _, name := range []string{"seabios-ipxe-rom.pcap", "ovmf-ipxe-efi-rom.pcap", "ovmf-uefi-http-boot.pcap"} {
@@ -28,13 +29,18 @@ func FuzzHandle(f *testing.F) {
 	}
 	auth, _ := newTestServer(f, nil)
 	proxy, _ := newTestServer(f, func(c *Config) { c.Mode = ModeProxy })
+	// A member of three (RFC 3074 balancing), and one on the minority side.
+	member, mb := newTestServer(f, nil)
+	mb.set("n1", []string{"n0", "n1", "n2"}, false)
+	minority, nb := newTestServer(f, nil)
+	nb.set("n0", []string{"n0", "n1", "n2"}, true)
 	dsts := []netip.AddrPort{bcastDst, netip.AddrPortFrom(testServerIP, 67), netip.AddrPortFrom(testServerIP, 4011)}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := dhcpv4.FromBytes(data)
 		if err != nil {
 			return
 		}
-		for _, s := range []*Server{auth, proxy} {
+		for _, s := range []*Server{auth, proxy, member, minority} {
 			for _, dst := range dsts {
 				resp, _, err := s.Handle(req, anySrc, dst)
 				if err != nil || resp == nil {

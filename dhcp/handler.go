@@ -3,6 +3,7 @@ package dhcp
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -23,7 +24,9 @@ type exchange struct {
 	c         client
 	serverID  netip.Addr
 	sn        *Subnet
-	lease     *Lease         // must be durable before resp is sent
+	lease     *Lease         // must be committed before resp is sent
+	sh        share          // this server's share of the pools (stepBalance)
+	leaseTime time.Duration  // > 0: the lease time to grant (a renewal on the minority side)
 	replyTo   netip.AddrPort // where resp goes
 	drop      string         // why there is no reply (metric label); "" with resp == nil = nothing to answer
 	err       error
@@ -44,14 +47,20 @@ type step struct {
 // the chain to stay silent (malformed input; a REQUEST naming another server
 // in option 54, RFC 2131 §4.3.2; no subnet; proxy mode and not a PXE/HTTP
 // client or not to be netbooted) or because nothing is to be sent (DECLINE,
-// RELEASE). A NAK is a response. A reply whose lease changed is sent only after
-// the lease is durable (group commit, see committer).
+// RELEASE), or because another server answers: a client another member owns
+// by the RFC 3074 hash until the client has waited Config.BalanceWait
+// (stepBalance), and, while this server cannot commit (Membership.CanCommit
+// false), everything but the renewal of a committed binding. A NAK is a
+// response. A reply whose lease changed is sent only after the lease is
+// committed (group commit, see committer); a binding the committer refuses
+// (another client holds the address) is answered with a NAK instead.
 func (s *Server) buildChain(m Mode) []step {
 	if m == ModeProxy {
 		return []step{
 			{"validate", s.stepValidate},
 			{"classify", s.stepClassify},
 			{"server_id", s.stepServerID},
+			{"balance", s.stepBalance},
 			{"proxy", s.stepProxy},
 			{"boot", s.stepBoot},
 			{"reply", s.stepReply},
@@ -61,6 +70,7 @@ func (s *Server) buildChain(m Mode) []step {
 		{"validate", s.stepValidate},
 		{"classify", s.stepClassify},
 		{"server_id", s.stepServerID},
+		{"balance", s.stepBalance},
 		{"subnet", s.stepSubnet},
 		{"lease", s.stepLease},
 		{"network", s.stepNetwork},
@@ -73,9 +83,10 @@ func (s *Server) buildChain(m Mode) []step {
 // is the sender, dst the local address and port the packet was sent to (the
 // limited broadcast 255.255.255.255 for broadcasts; its port tells the proxy
 // port from the DHCP port). It returns the reply and where to send it, or a
-// nil reply for silence. A lease the reply depends on is saved through
-// Backend.SaveLeases (a batch of one) before Handle returns. Errors wrap
-// ErrMalformed, ErrNoSubnet, ErrPoolExhausted, ErrFieldTooLong or ErrPersist.
+// nil reply for silence. A lease the reply depends on is committed through
+// Backend.CommitLeases (a batch of one) before Handle returns; a binding the
+// committer refuses gets a NAK. Errors wrap ErrMalformed, ErrNoSubnet,
+// ErrPoolExhausted, ErrFieldTooLong or ErrPersist.
 func (s *Server) Handle(req *dhcpv4.DHCPv4, src, dst netip.AddrPort) (*dhcpv4.DHCPv4, netip.AddrPort, error) {
 	x := s.process(req, src, dst, time.Now())
 	if x.err != nil {
@@ -83,11 +94,17 @@ func (s *Server) Handle(req *dhcpv4.DHCPv4, src, dst netip.AddrPort) (*dhcpv4.DH
 	}
 	if x.lease != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.SaveTimeout)
-		err := s.b.SaveLeases(ctx, []Lease{*x.lease})
+		errs, err := s.b.CommitLeases(ctx, []Lease{*x.lease})
 		cancel()
+		if err == nil && len(errs) != 1 {
+			err = fmt.Errorf("%d results for 1 lease", len(errs))
+		}
 		if err != nil {
 			s.m.drops.WithLabelValues("persist_error").Inc()
 			return nil, netip.AddrPort{}, fmt.Errorf("%w: %w", ErrPersist, err)
+		}
+		if errs[0] != nil {
+			s.refused(x, errs[0])
 		}
 	}
 	if x.resp == nil {
@@ -98,6 +115,30 @@ func (s *Server) Handle(req *dhcpv4.DHCPv4, src, dst netip.AddrPort) (*dhcpv4.DH
 	}
 	s.m.replies.WithLabelValues(msgLabel(x.resp.MessageType()), archLabel(x.c.arch)).Inc()
 	return x.resp, x.replyTo, nil
+}
+
+// refused turns x's reply after the committer refused its lease (err): a
+// REQUEST whose address another client holds gets a NAK; any other refusal
+// (or a DECLINE/RELEASE) leaves x silent.
+func (s *Server) refused(x *exchange, err error) {
+	if x.mt != dhcpv4.MessageTypeRequest || !errors.Is(err, ErrAddressTaken) {
+		s.m.drops.WithLabelValues("lease_refused").Inc()
+		x.resp = nil
+		return
+	}
+	s.m.drops.WithLabelValues("address_taken").Inc() // the ACK; a NAK goes instead
+	x.resp = s.nak(x, "requested address not available")
+	s.stepReply(x)
+}
+
+// nak is a DHCPNAK for x's REQUEST (RFC 2131 §4.3.2), broadcast by a relay.
+func (s *Server) nak(x *exchange, why string) *dhcpv4.DHCPv4 {
+	r := s.newReply(x, dhcpv4.MessageTypeNak)
+	r.UpdateOption(dhcpv4.OptMessage(why))
+	if ip4(x.req.GatewayIPAddr).IsValid() {
+		r.SetBroadcast() // RFC 2131 §4.3.2
+	}
+	return r
 }
 
 // process runs the chain and counts the request and any drop.
@@ -264,13 +305,21 @@ func ip4(ip net.IP) netip.Addr {
 }
 
 // stepLease is the RFC 2131 §4.3 state machine of the authoritative server.
+// While the server cannot commit (Membership.CanCommit false) it offers
+// nothing and answers only a REQUEST for the client's committed, unexpired
+// binding, with the time left on it (never beyond it: the idea of the
+// failover protocol's Maximum Client Lead Time) and nothing to commit.
 func (s *Server) stepLease(x *exchange) bool {
 	mac := x.c.mac
+	canCommit := x.mt == dhcpv4.MessageTypeInform || s.b.CanCommit()
 	switch x.mt {
 	case dhcpv4.MessageTypeDiscover:
+		if !canCommit {
+			return x.silence("no_quorum", nil)
+		}
 		ip, ok := x.reservation()
 		if !ok {
-			ip, ok = s.leases.offer(x.sn, mac, optIP(x.req.Options, dhcpv4.OptionRequestedIPAddress), x.now, s.cfg.OfferHold)
+			ip, ok = s.leases.offer(x.sn, mac, optIP(x.req.Options, dhcpv4.OptionRequestedIPAddress), x.now, s.cfg.OfferHold, x.sh)
 			if !ok {
 				return x.silence("pool_exhausted", fmt.Errorf("%w: %v", ErrPoolExhausted, x.sn.CIDR))
 			}
@@ -282,26 +331,36 @@ func (s *Server) stepLease(x *exchange) bool {
 		if !want.IsValid() {
 			want = ip4(x.req.ClientIPAddr) // RENEWING / REBINDING
 		}
-		if !s.acceptable(x, want) {
-			x.resp = s.newReply(x, dhcpv4.MessageTypeNak)
-			x.resp.UpdateOption(dhcpv4.OptMessage("requested address not available"))
-			if ip4(x.req.GatewayIPAddr).IsValid() {
-				x.resp.SetBroadcast() // RFC 2131 §4.3.2
+		if !canCommit {
+			until, ok := s.leases.committedBinding(mac, want, x.now)
+			left := until.Sub(x.now).Truncate(time.Second)
+			if !ok || left < time.Second || !s.acceptable(x, want) {
+				return x.silence("no_quorum", nil)
 			}
+			x.leaseTime = left
+		} else if !s.acceptable(x, want) {
+			x.resp = s.nak(x, "requested address not available")
 			return false
+		} else {
+			l := s.leases.bind(mac, want, x.c.machine.Hostname, x.now.Add(s.leaseTime(x.sn)))
+			x.lease = &l
 		}
-		l := s.leases.bind(mac, want, x.c.machine.Hostname, x.now.Add(s.leaseTime(x.sn)))
-		x.lease = &l
 		x.resp = s.newReply(x, dhcpv4.MessageTypeAck)
 		x.resp.YourIPAddr = want.AsSlice()
 		x.resp.ClientIPAddr = x.req.ClientIPAddr
 	case dhcpv4.MessageTypeDecline:
+		if !canCommit {
+			return x.silence("no_quorum", nil)
+		}
 		if ip := optIP(x.req.Options, dhcpv4.OptionRequestedIPAddress); ip.IsValid() && x.sn.CIDR.Contains(ip) {
 			l := s.leases.decline(mac, ip, x.now, s.cfg.DeclineHold)
 			x.lease = &l
 		}
 		return true
 	case dhcpv4.MessageTypeRelease:
+		if !canCommit {
+			return x.silence("no_quorum", nil)
+		}
 		if l, ok := s.leases.release(mac, ip4(x.req.ClientIPAddr), x.now); ok {
 			x.lease = &l
 		}
@@ -346,6 +405,9 @@ func (s *Server) stepNetwork(x *exchange) bool {
 	}
 	if x.mt != dhcpv4.MessageTypeInform {
 		lt := s.leaseTime(sn)
+		if x.leaseTime > 0 {
+			lt = x.leaseTime
+		}
 		x.resp.UpdateOption(dhcpv4.OptIPAddressLeaseTime(lt))
 		x.resp.UpdateOption(dhcpv4.OptRenewTimeValue(lt / 2))
 		x.resp.UpdateOption(dhcpv4.OptRebindingTimeValue(lt * 7 / 8))

@@ -3,26 +3,33 @@ package dhcp
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 )
 
 // memBackend is an in-memory Backend for the handler tests (the netns tests
-// and the bench use a bbolt file).
+// and the bench use a bbolt file; the real store's committer is tested with
+// real DHCP clients in package appliance, which may import both).
 type memBackend struct {
 	mu         sync.Mutex
 	machines   map[string]MachineInfo
-	saved      []Lease
+	saved      []Lease // every change committed, in order
 	discovered []string
 	saves      int
+	*leaseLog  // shared by the servers of one simulated cluster
+	members
 }
 
-func newMemBackend() *memBackend { return &memBackend{machines: map[string]MachineInfo{}} }
+func newMemBackend() *memBackend {
+	return &memBackend{machines: map[string]MachineInfo{}, leaseLog: &leaseLog{}}
+}
 
 func (b *memBackend) Machine(mac net.HardwareAddr) (MachineInfo, bool) {
 	b.mu.Lock()
@@ -35,13 +42,110 @@ func (b *memBackend) Discovered(mac net.HardwareAddr, arch uint16, vc string) {
 	defer b.mu.Unlock()
 	b.discovered = append(b.discovered, mac.String())
 }
-func (b *memBackend) LoadLeases() ([]Lease, error) { return nil, nil }
-func (b *memBackend) SaveLeases(_ context.Context, ls []Lease) error {
+func (b *memBackend) CommitLeases(ctx context.Context, ls []Lease) ([]error, error) {
+	errs, err := b.leaseLog.CommitLeases(ctx, ls)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.saves++
-	b.saved = append(b.saved, ls...)
-	return nil
+	for i, l := range ls {
+		if err == nil && errs[i] == nil {
+			b.saved = append(b.saved, l)
+		}
+	}
+	return errs, err
+}
+
+// leaseLog is the lease record of the package's tests: one record per
+// address, the address rule of the LeaseCommitter contract (a binding or
+// decline of an address another client holds unexpired is refused with
+// ErrAddressTaken), and a feed that tells the watchers synchronously.
+// save, when set, makes each accepted batch durable first.
+type leaseLog struct {
+	lmu      sync.Mutex
+	byIP     map[netip.Addr]Lease
+	watchers []func([]Lease)
+	refuse   map[netip.Addr]bool // test hook: refuse bindings of these, as if another node had won them
+	save     func([]Lease) error
+}
+
+func (g *leaseLog) WatchLeases(reset, applied func([]Lease)) (func(), error) {
+	g.lmu.Lock()
+	defer g.lmu.Unlock()
+	all := make([]Lease, 0, len(g.byIP))
+	for _, l := range g.byIP {
+		all = append(all, l)
+	}
+	reset(all)
+	g.watchers = append(g.watchers, applied)
+	return func() {}, nil
+}
+
+func (g *leaseLog) CommitLeases(_ context.Context, ls []Lease) ([]error, error) {
+	g.lmu.Lock()
+	defer g.lmu.Unlock()
+	if g.byIP == nil {
+		g.byIP = map[netip.Addr]Lease{}
+	}
+	now := time.Now()
+	errs := make([]error, len(ls))
+	var done []Lease
+	for i, l := range ls {
+		cur, ok := g.byIP[l.IP]
+		live := ok && (cur.State == LeaseBound || cur.State == LeaseDeclined) && cur.Expiry.After(now)
+		other := live && (cur.MAC.String() != l.MAC.String() || cur.State == LeaseDeclined && l.State == LeaseBound)
+		switch {
+		case l.State == LeaseBound && g.refuse[l.IP]:
+			errs[i] = fmt.Errorf("%w: %v (test)", ErrAddressTaken, l.IP)
+		case l.State == LeaseReleased && (!ok || cur.MAC.String() != l.MAC.String()):
+			if other {
+				errs[i] = fmt.Errorf("%w: %v", ErrAddressTaken, l.IP)
+			}
+		case other:
+			errs[i] = fmt.Errorf("%w: %v held by %v", ErrAddressTaken, l.IP, cur.MAC)
+		default:
+			done = append(done, l)
+		}
+	}
+	if g.save != nil && len(done) > 0 {
+		if err := g.save(done); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range done {
+		g.byIP[l.IP] = l
+	}
+	if len(done) > 0 {
+		for _, w := range g.watchers {
+			w(done)
+		}
+	}
+	return errs, nil
+}
+
+// members is the Membership of the tests: a lone server unless set.
+type members struct {
+	mmu      sync.Mutex
+	self     string
+	all      []string
+	minority bool
+}
+
+func (m *members) Members() (string, []string) {
+	m.mmu.Lock()
+	defer m.mmu.Unlock()
+	return m.self, m.all
+}
+
+func (m *members) CanCommit() bool {
+	m.mmu.Lock()
+	defer m.mmu.Unlock()
+	return !m.minority
+}
+
+func (m *members) set(self string, all []string, minority bool) {
+	m.mmu.Lock()
+	defer m.mmu.Unlock()
+	m.self, m.all, m.minority = self, all, minority
 }
 
 var (

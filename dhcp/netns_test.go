@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +20,6 @@ import (
 	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
-	"golang.org/x/sys/unix"
 
 	"kiln/deploy/lab/testkit"
 	"kiln/deploy/lab/testreq"
@@ -84,41 +82,8 @@ func (l *lab) config() Config {
 	return c
 }
 
-// inNetns runs fn on an OS thread switched into the named namespace (sockets
-// opened there stay in it).
-func inNetns(t testing.TB, ns string, fn func()) {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer unix.Close(orig)
-		target, err := unix.Open("/var/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer unix.Close(target)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			done <- err
-			return
-		}
-		fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			done <- err // thread stays locked and dies with the goroutine
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- nil
-	}()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-}
+// inNetns runs fn inside the named namespace (testkit.InNetns).
+func inNetns(t testing.TB, ns string, fn func()) { testkit.InNetns(t, ns, fn) }
 
 // startServer opens the server's sockets in the server namespace and runs it
 // until the test ends.

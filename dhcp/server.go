@@ -26,6 +26,8 @@ type Server struct {
 	chain  []step
 	disc   *macGate
 	limit  *macBucket
+	// unwatch ends the lease feed (Backend.WatchLeases), when Run returns.
+	unwatch func()
 
 	mu    sync.Mutex
 	conns []*listener
@@ -39,8 +41,9 @@ type listener struct {
 }
 
 // New validates cfg, registers the metrics on reg (nil: not registered) and
-// loads the leases from b. Errors wrap ErrInvalidConfig / ErrFieldTooLong, or
-// come from Backend.LoadLeases or the registry.
+// starts following the committed leases (Backend.WatchLeases; the watch ends
+// when Run returns). Errors wrap ErrInvalidConfig / ErrFieldTooLong, or come
+// from Backend.WatchLeases or the registry.
 func New(cfg Config, b Backend, reg *prometheus.Registry) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -52,16 +55,17 @@ func New(cfg Config, b Backend, reg *prometheus.Registry) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dhcp: metrics: %w", err)
 	}
-	ls, err := b.LoadLeases()
-	if err != nil {
-		return nil, fmt.Errorf("dhcp: loading leases: %w", err)
-	}
 	s := &Server{cfg: cfg, b: b, m: m, leases: newLeaseTable(), disc: newMACGate(cfg.DiscoverInterval)}
 	if cfg.PerMACRate > 0 {
 		s.limit = newMACBucket(cfg.PerMACRate, 2*cfg.PerMACRate)
 	}
-	s.leases.load(ls)
 	s.chain = s.buildChain(cfg.Mode)
+	s.unwatch, err = b.WatchLeases(
+		func(ls []Lease) { s.leases.reset(ls, time.Now()) },
+		func(ls []Lease) { s.leases.applied(ls, time.Now()) })
+	if err != nil {
+		return nil, fmt.Errorf("dhcp: following the committed leases: %w", err)
+	}
 	return s, nil
 }
 
@@ -143,7 +147,8 @@ type packet struct {
 	recv time.Time
 }
 
-// outgoing is an encoded reply; lease (when set) must be durable first.
+// outgoing is an encoded reply; lease (when set) must be committed first,
+// and x is the exchange it answers (for a NAK if the commit is refused).
 type outgoing struct {
 	data  []byte
 	to    netip.AddrPort
@@ -151,16 +156,18 @@ type outgoing struct {
 	l     *listener
 	recv  time.Time
 	lease *Lease
+	x     *exchange
 	label [2]string
 }
 
 // Run serves until ctx ends, then stops reading, lets the workers and the
-// committer finish the queued packets, and returns nil. One reader per socket
+// committer finish the queued packets, ends the lease watch and returns nil. One reader per socket
 // feeds a bounded queue (QueueLen; excess dropped as queue_full) served by
 // Workers goroutines; replies that bind a lease go through the group
 // committer. Errors: ErrPortInUse or socket errors from Listen.
 func (s *Server) Run(ctx context.Context, log *slog.Logger) error {
 	log = log.With("component", "dhcp")
+	defer s.unwatch()
 	if err := s.Listen(); err != nil {
 		return err
 	}
@@ -264,7 +271,7 @@ func (s *Server) worker(queue <-chan packet, commits chan<- outgoing, log *slog.
 		if x.err != nil {
 			log.Debug("request dropped", "mac", req.ClientHWAddr, "reason", x.drop, "err", x.err)
 		}
-		o := outgoing{l: p.l, recv: p.recv, lease: x.lease, src: x.serverID, to: x.replyTo, label: [2]string{"", archLabel(x.c.arch)}}
+		o := outgoing{l: p.l, recv: p.recv, lease: x.lease, x: x, src: x.serverID, to: x.replyTo, label: [2]string{"", archLabel(x.c.arch)}}
 		if x.resp != nil {
 			data, err := encode(x.resp, s.cfg.MaxFileLen, s.cfg.MaxSnameLen)
 			if err != nil {
@@ -311,10 +318,12 @@ func (s *Server) send(o outgoing, log *slog.Logger) {
 
 // committer is the group commit: it takes the first waiting lease change,
 // drains whatever else is already queued (up to BatchMax; with BatchDelay > 0
-// it lingers that long for more), saves the batch with one SaveLeases call and
-// only then sends the batch's replies. Changes arriving during a save form the
-// next batch, so batches grow with load while an idle server commits at once.
-// A failed save drops the batch's replies (the clients retry).
+// it lingers that long for more), commits the batch with one CommitLeases
+// call and only then answers: the ACK of each committed binding, a NAK for
+// each binding the committer refused (another client holds the address).
+// Changes arriving during a commit form the next batch, so batches grow with
+// load while an idle server commits at once. A failed commit drops the
+// batch's replies (the clients retry).
 func (s *Server) committer(in <-chan outgoing, log *slog.Logger) {
 	batch := make([]outgoing, 0, s.cfg.BatchMax)
 	leases := make([]Lease, 0, s.cfg.BatchMax)
@@ -325,15 +334,32 @@ func (s *Server) committer(in <-chan outgoing, log *slog.Logger) {
 		}
 		t0 := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.SaveTimeout)
-		err := s.b.SaveLeases(ctx, leases)
+		errs, err := s.b.CommitLeases(ctx, leases)
 		cancel()
 		s.m.commit.Observe(time.Since(t0).Seconds())
+		if err == nil && len(errs) != len(batch) {
+			err = fmt.Errorf("%d results for %d leases", len(errs), len(batch))
+		}
 		if err != nil {
 			s.m.drops.WithLabelValues("persist_error").Add(float64(len(batch)))
-			log.Error("saving leases", "n", len(batch), "err", fmt.Errorf("%w: %w", ErrPersist, err))
+			log.Error("committing leases", "n", len(batch), "err", fmt.Errorf("%w: %w", ErrPersist, err))
 		} else {
-			s.m.committed.Add(float64(len(batch)))
-			for _, o := range batch {
+			for i, o := range batch {
+				if errs[i] == nil {
+					s.m.committed.Inc()
+					s.send(o, log)
+					continue
+				}
+				log.Debug("lease refused", "mac", o.lease.MAC, "ip", o.lease.IP, "state", o.lease.State, "err", errs[i])
+				s.refused(o.x, errs[i])
+				if o.x.resp == nil {
+					continue
+				}
+				data, err := encode(o.x.resp, s.cfg.MaxFileLen, s.cfg.MaxSnameLen)
+				if err != nil {
+					continue
+				}
+				o.data, o.to, o.label[0] = data, o.x.replyTo, msgLabel(o.x.resp.MessageType())
 				s.send(o, log)
 			}
 		}

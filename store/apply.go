@@ -36,7 +36,7 @@ var (
 	bNodeVersions = []byte("node_versions") // node ID → NodeVersion
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bNodeVersions}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -179,6 +179,10 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Job)(putJob(a, c.Job))
 	case CmdPutLeases:
 		err = putLeases(a, c.Leases)
+	case CmdBindLeases:
+		if out, err = bindLeases(a, c.Leases); err != nil {
+			return nil, nil, 0, err
+		}
 	case CmdAppendEvents:
 		for _, ev := range c.Events {
 			if ev.Kind == "" || ev.Subject == "" {
@@ -690,6 +694,9 @@ func putLeases(a *applyCtx, ls []Lease) error {
 			return err
 		}
 		if err := b.Put([]byte(mac), raw); err != nil {
+			return err
+		}
+		if err := legacyAddr(a, l); err != nil {
 			return err
 		}
 		if cur == nil || old.IP != l.IP || old.State != l.State {

@@ -32,7 +32,7 @@ const (
 	CmdDeleteImageV2                     // 15: ID; as 8, refused (ErrImageInUse) while a machine's claim names the image
 	CmdImportMachines                    // 16: Machines, create only; name, serial, BMC and NIC MACs unique (*ImportConflictError)
 	CmdAgentReport                       // 17: Events + Machines (exactly 1, CAS): the report's events and machine write, both or neither
-	_                                    // 18: reserved (lease bind/release, branch c12lease)
+	CmdBindLeases                        // 18: Leases; bind/decline/release by address, refused while another client holds it (*AddressTakenError)
 	CmdPutJoinToken                      // 19: JoinToken (hash and TTL; the leader fixes Created/Expires)
 	CmdUseJoinToken                      // 20: JoinToken.Hash, Member (ID, CertSerial): consume a token, admit a node
 	CmdRemoveMember                      // 21: ID: the node's certificate is refused from then on
@@ -50,7 +50,7 @@ const (
 var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "delete_machine",
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
-	"import_machines", "agent_report", "reserved_18", "put_join_token", "use_join_token", "remove_member",
+	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
 	"put_site_v2", "put_rack_v2"}
 
 func (t CommandType) String() string {

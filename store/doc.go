@@ -30,10 +30,14 @@
 // image a claim names cannot be deleted (ErrImageInUse); ImportMachines
 // creates machines only when no stored or fellow machine holds their name,
 // serial, BMC MAC or NIC MAC (*ImportConflictError). ParseMachineMAC is the
-// one rule for a machine MAC given by an import or the API.
+// one rule for a machine MAC given by an import or the API. BindLeases
+// binds a DHCP address only while no other client holds it unexpired
+// (*AddressTakenError), and WatchLeases follows the address view as the log
+// is applied.
 //
 // Errors: ErrNotFound, ErrConflict (*ImportConflictError), ErrInvalid
-// (*MACError), ErrDuplicateMAC, ErrImageInUse, *IllegalTransitionError,
+// (*MACError), ErrDuplicateMAC, ErrImageInUse, ErrAddressTaken
+// (*AddressTakenError), *IllegalTransitionError,
 // ErrNotLeader (*NotLeaderError), ErrTimeout, ErrCorrupt (names the file),
 // ErrInconsistentDataDir (names the files and how to recover),
 // ErrUnknownCommand, ErrBadCommand, ErrClosed, ErrNoRaft.

@@ -21,6 +21,10 @@ var (
 	// ErrImageInUse: DeleteImage of an image that a machine's claim names
 	// (release the machine first; Release drops its claim).
 	ErrImageInUse = errors.New("store: image is named by a machine's claim")
+	// ErrAddressTaken: BindLeases of an address another client holds
+	// unexpired (or that is declined); the concrete error is
+	// *AddressTakenError, naming the holder. Offer another address.
+	ErrAddressTaken = errors.New("store: address held by another client")
 	// ErrInconsistentDataDir: the data directory holds FSM state or
 	// snapshots that its raft.db cannot account for (raft.db missing or
 	// empty, a log whose start no snapshot covers, or an fsm.db ahead of

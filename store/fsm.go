@@ -44,6 +44,8 @@ type fsm struct {
 
 	onApplyError func(code string)
 
+	leases leaseFeed // watchers of the address view (leases.go)
+
 	pmu sync.Mutex
 	pre map[*byte]predecoded // see predecode
 }
@@ -360,6 +362,9 @@ func (f *fsm) applyTx(logs []*raft.Log, dec []decoded, from, to int, marker uint
 		ix.commit()
 	}
 	f.ix.mu.Unlock()
+	if err == nil {
+		f.leases.publish(ix.leases)
+	}
 	return out, bad, err
 }
 
@@ -602,7 +607,7 @@ func (f *fsm) loadDerived() error {
 				}
 			}
 		}
-		return nil
+		return rebuildLeaseAddrs(tx)
 	}); err != nil {
 		return fmt.Errorf("%s: %w", f.path, err)
 	}
@@ -628,6 +633,9 @@ func (f *fsm) loadDerived() error {
 	f.applied.Store(applied)
 	f.versionsGen.Add(1)
 	f.notify(true)
+	if err := f.leases.resetFrom(db); err != nil {
+		return fmt.Errorf("restore: %s: %w", f.path, err)
+	}
 	return nil
 }
 

@@ -101,6 +101,9 @@ type idxTx struct {
 	mac   map[string]string    // MAC → owner ID, "" = removed in this tx
 	moves map[string]stateMove // machine ID → state before this tx / now
 	ref   map[refKey]refDelta  // key → holders added or removed in this tx (refindex.go)
+	// leases: address records written in this tx, in order, for the
+	// lease watchers (leases.go); published once the tx commits.
+	leases []Lease
 }
 
 // stateMove: a machine's state before the transaction ("" = absent) and at

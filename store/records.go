@@ -238,7 +238,7 @@ type Lease struct {
 	IP       string    `json:"ip"`
 	Hostname string    `json:"hostname,omitempty"`
 	Expiry   time.Time `json:"expiry"`
-	State    string    `json:"state"` // offered | bound | declined | released
+	State    string    `json:"state"` // LeaseBound | LeaseDeclined | LeaseReleased
 }
 
 // Job is one BMC or lifecycle action with its state.

@@ -168,10 +168,13 @@ func (s *Store) PutJob(ctx context.Context, v Job, w W) (Job, error) {
 	return one[Job](s.write(ctx, &command{Type: CmdPutJob, W: w, Job: &v}))
 }
 
-// PutLeases upserts DHCP leases keyed by MAC in ONE raft command (batch
-// lease writes to save commits). Expiry is taken as given: the caller
-// (the DHCP server) fixes it before calling, never the FSM. A "lease"
-// event is appended only when a lease is new or changes IP or State.
+// PutLeases upserts DHCP leases keyed by MAC in ONE raft command
+// (CmdPutLeases, 10), checking nothing: the command of logs written before
+// BindLeases, which Kiln writes instead (it refuses a second holder). Kept
+// so tests can make such a log; its records also enter the address view
+// (AddressLeases), where a stale one never replaces a live binding.
+// Expiry is taken as given. A "lease" event is appended only when a lease
+// is new or changes IP or State.
 func (s *Store) PutLeases(ctx context.Context, ls []Lease) error {
 	if len(ls) == 0 {
 		return nil

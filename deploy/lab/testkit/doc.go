@@ -4,7 +4,8 @@
 //   - Netns, Veth, NewLink, IP: network namespaces and veth pairs that the
 //     test creates and removes at cleanup (iproute2's ip(8)); a protocol test
 //     runs its server on the host end of a Link and a real client inside the
-//     namespace (Link.Exec).
+//     namespace (Link.Exec); InNetns opens a socket (a server's, a
+//     client's) inside a namespace from the test process.
 //   - Sample, Series: read a metric from a prometheus.Gatherer (the registry
 //     a component was given).
 //   - MACCases: the table of MAC addresses every copy of the machine-MAC
