@@ -58,6 +58,12 @@ type ClusterMember struct {
 	CertSerial  string    `json:"cert_serial,omitempty"` // hex; empty for the bootstrap node
 	JoinedAt    time.Time `json:"joined_at,omitzero"`
 	TokenID     string    `json:"token_id,omitempty"`
+	// Version is the node's binary version and MaxCommand the newest store
+	// command type it understands, as it last registered them; empty and 0
+	// when it has not registered (an older binary). The cluster writes a
+	// command type only once every member understands it.
+	Version    string `json:"version,omitempty"`
+	MaxCommand int    `json:"max_command,omitempty"`
 }
 
 // ClusterMemberList answers GET /v1/cluster/members.
@@ -153,7 +159,7 @@ func (s *Server) listMembers(c echo.Context) error {
 	for _, m := range ms {
 		out.Items = append(out.Items, ClusterMember{ID: m.ID, RaftAddr: m.RaftAddr, ForwardAddr: m.ForwardAddr,
 			Suffrage: m.Suffrage, Leader: m.Leader, CertSerial: m.Record.CertSerial, JoinedAt: m.Record.JoinedAt,
-			TokenID: m.Record.TokenID})
+			TokenID: m.Record.TokenID, Version: m.Version.Version, MaxCommand: int(m.Version.MaxCommand)})
 	}
 	return c.JSON(http.StatusOK, out)
 }

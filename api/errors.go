@@ -61,14 +61,18 @@ const (
 	CodeConflict          = "conflict"
 	CodeIllegalTransition = "illegal_transition"
 	CodeImageInUse        = "image_in_use"
-	CodeImportRejected    = "import_rejected"
-	CodeNotLeader         = "not_leader"
-	CodeTooLarge          = "too_large"
-	CodeBodyTimeout       = "body_timeout"
-	CodeBodyIncomplete    = "body_incomplete"
-	CodeUnavailable       = "unavailable"
-	CodeMethodNotAllowed  = "method_not_allowed"
-	CodeInternal          = "internal"
+	// CodeUnsupportedByCluster (409): the write needs a store command type
+	// that a node of the cluster (an older binary) does not understand yet;
+	// the message names the nodes to upgrade.
+	CodeUnsupportedByCluster = "unsupported_by_cluster"
+	CodeImportRejected       = "import_rejected"
+	CodeNotLeader            = "not_leader"
+	CodeTooLarge             = "too_large"
+	CodeBodyTimeout          = "body_timeout"
+	CodeBodyIncomplete       = "body_incomplete"
+	CodeUnavailable          = "unavailable"
+	CodeMethodNotAllowed     = "method_not_allowed"
+	CodeInternal             = "internal"
 )
 
 // ValidationError names the request field (JSON name, dotted for nested
@@ -192,6 +196,8 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 		return http.StatusForbidden, ErrorDetail{Code: CodeForbidden, Message: err.Error()}
 	case errors.Is(err, store.ErrNotFound):
 		return http.StatusNotFound, ErrorDetail{Code: CodeNotFound, Message: err.Error()}
+	case errors.Is(err, store.ErrUnsupportedByCluster):
+		return http.StatusConflict, ErrorDetail{Code: CodeUnsupportedByCluster, Message: err.Error()}
 	case errors.Is(err, store.ErrImageInUse):
 		return http.StatusConflict, ErrorDetail{Code: CodeImageInUse, Message: err.Error()}
 	case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrDuplicateMAC):

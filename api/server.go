@@ -310,6 +310,7 @@ func (s *Server) routes() {
 	e.POST("/v1/agent/report", s.agentReport)
 
 	s.clusterRoutes(admin, view) // cluster.go
+	s.backupRoutes(admin)        // backup.go
 }
 
 // recoverPanics turns a handler panic into a 500 (logged, no stack to the client).

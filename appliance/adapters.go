@@ -23,8 +23,9 @@ import (
 // needs to redact.
 type apiBackend struct {
 	*lifecycle.Service
-	st      *store.Store // Health and the cluster routes
-	keys    *siteKeys    // site key rotation (sitekey.go); nil = none
+	st      *store.Store  // Health and the cluster routes
+	keys    *siteKeys     // site key rotation (sitekey.go); nil = none
+	bk      *backupSource // GET /v1/backup (backup.go); nil = none
 	version string
 }
 

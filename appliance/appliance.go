@@ -102,6 +102,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		Identity:    ident,
 		JoinSecrets: siteK.joinSecrets,
 		OnSecrets:   siteK.update,
+		Version:     version,
 	}, log, reg)
 	if err != nil {
 		return nil, err
@@ -169,6 +170,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	for _, t := range cfg.API.Tokens {
 		tokens = append(tokens, api.TokenSpec{Name: t.Name, Role: api.Role(t.Role), SHA256: t.SHA256})
 	}
+	apiB := newAPIBackend(lifecycle.NewService(life, st), st, siteK, version)
+	apiB.bk = &backupSource{st: st, catalog: catalog, envDir: cfg.Boot.EnvDir, version: version}
 	apiSrv, err := api.New(api.Config{
 		Addr:            cfg.API.Addr,
 		TLSCert:         cfg.API.TLSCert,
@@ -177,7 +180,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		BodyIdleTimeout: cfg.API.BodyIdleTimeout,
 		JSONBodyTimeout: cfg.API.JSONBodyTimeout,
 		ErrorClasses:    ErrorClasses(),
-	}, newAPIBackend(lifecycle.NewService(life, st), st, siteK, version), reg, log)
+	}, apiB, reg, log)
 	if err != nil {
 		return nil, err
 	}

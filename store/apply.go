@@ -32,9 +32,11 @@ var (
 	// Cluster trust (cluster.go).
 	bJoinTokens = []byte("join_tokens") // hex SHA-256 of a token secret → JoinToken
 	bMembers    = []byte("members")     // node ID → Member
+	// Mixed versions (versions.go).
+	bNodeVersions = []byte("node_versions") // node ID → NodeVersion
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -195,10 +197,17 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 			return nil, nil, 0, fmt.Errorf("%w: register_node without node id", ErrInvalid)
 		}
 		if err = tx.Bucket(bNodes).Put([]byte(c.Node.ID), []byte(c.Node.ForwardAddr)); err == nil {
-			err = a.event(Event{Subject: "node/" + c.Node.ID, Kind: "node_registered", To: c.Node.ForwardAddr})
+			err = applyNodeVersion(a, c.Node)
+		}
+		if err == nil {
+			err = a.event(Event{Subject: "node/" + c.Node.ID, Kind: "node_registered", To: c.Node.ForwardAddr,
+				Message: nodeVersionMsg(c.Node)})
 		}
 	case CmdRemoveNode:
 		if err = tx.Bucket(bNodes).Delete([]byte(c.ID)); err == nil {
+			err = tx.Bucket(bNodeVersions).Delete([]byte(c.ID))
+		}
+		if err == nil {
 			err = a.event(Event{Subject: "node/" + c.ID, Kind: "node_removed"})
 		}
 	case CmdPutJoinToken:

@@ -77,6 +77,9 @@ type ClusterMember struct {
 	Suffrage    string `json:"suffrage"` // Voter | Nonvoter | Staging
 	Leader      bool   `json:"leader"`
 	Record      Member `json:"record"`
+	// Version is the node's version record (versions.go); zero when it has
+	// not registered one (an older binary, or not yet started).
+	Version NodeVersion `json:"version"`
 }
 
 var nodeIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -285,6 +288,11 @@ func (s *Store) Members() ([]ClusterMember, error) {
 				Leader: sv.ID == leader, ForwardAddr: string(tx.Bucket(bNodes).Get([]byte(sv.ID)))}
 			if raw := tx.Bucket(bMembers).Get([]byte(sv.ID)); raw != nil {
 				if err := json.Unmarshal(raw, &cm.Record); err != nil {
+					return err
+				}
+			}
+			if raw := tx.Bucket(bNodeVersions).Get([]byte(sv.ID)); raw != nil {
+				if err := json.Unmarshal(raw, &cm.Version); err != nil {
 					return err
 				}
 			}

@@ -26,7 +26,7 @@ const (
 	CmdPutJob                            // 9: Job
 	CmdPutLeases                         // 10: Leases
 	CmdAppendEvents                      // 11: Events
-	CmdRegisterNode                      // 12: Node (raft ID → forward address)
+	CmdRegisterNode                      // 12: Node (raft ID → forward address; version and newest command type, versions.go)
 	CmdRemoveNode                        // 13: ID
 	CmdPutMachinesV2                     // 14: Machines; as 3, and a claim a write adds or changes must name a stored image
 	CmdDeleteImageV2                     // 15: ID; as 8, refused (ErrImageInUse) while a machine's claim names the image
@@ -70,9 +70,15 @@ type W struct {
 }
 
 // nodeInfo maps a raft server ID to its forward-RPC address.
+// Version and MaxCommand (the node's binary version and the newest command
+// type it understands, versions.go) were added later: a binary that
+// predates them ignores them (JSON), so it still applies the command as
+// before; one that knows them keeps them in the node_versions bucket.
 type nodeInfo struct {
-	ID          string `json:"id"`
-	ForwardAddr string `json:"forward_addr"`
+	ID          string      `json:"id"`
+	ForwardAddr string      `json:"forward_addr"`
+	Version     string      `json:"version,omitempty"`
+	MaxCommand  CommandType `json:"max_command,omitempty"`
 }
 
 // command is the body of one log entry. Which payload field is used depends

@@ -37,6 +37,11 @@ var (
 	// ErrUnknownCommand: a log entry carries a command type this binary does
 	// not know (written by a newer version). It is refused, never skipped.
 	ErrUnknownCommand = errors.New("store: unknown command type")
+	// ErrUnsupportedByCluster: a write needs a command type that some node
+	// of the cluster does not understand yet (an older binary); the
+	// concrete error is *UnsupportedByClusterError, naming the nodes.
+	// Upgrade them; the write is accepted once they have re-registered.
+	ErrUnsupportedByCluster = errors.New("store: command not supported by every node of the cluster")
 	// ErrBadCommand: a log entry or forwarded body could not be decoded.
 	ErrBadCommand = errors.New("store: malformed command")
 	// ErrCorrupt: a data file (raft.db, fsm.db, a snapshot) is unreadable;

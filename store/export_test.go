@@ -15,3 +15,8 @@ func (s *Store) CreateJoinTokenTTL(ctx context.Context, ttl time.Duration) (stri
 		JoinToken: &JoinToken{Hash: tok.Hash(), TTL: ttl}})
 	return tok.String(), err
 }
+
+// ClaimMaxCommand makes s play a binary that understands command types
+// only up to t (0: this binary's MaxCommand again); its version record is
+// re-registered with it within registerInterval.
+func (s *Store) ClaimMaxCommand(t CommandType) { s.claimMax.Store(uint32(t)) }

@@ -32,6 +32,10 @@ type membership struct {
 	ID          string `json:"id"`
 	RaftAddr    string `json:"raft_addr,omitempty"`
 	ForwardAddr string `json:"forward_addr,omitempty"`
+	// The joiner's version record (versions.go), when it joins itself
+	// (JoinVia): registered before it becomes a voter.
+	Version    string      `json:"version,omitempty"`
+	MaxCommand CommandType `json:"max_command,omitempty"`
 }
 
 type wireError struct {
@@ -57,7 +61,7 @@ var codeErrs = []struct {
 	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"unknown_command", ErrUnknownCommand},
 	{"bad_command", ErrBadCommand}, {"not_leader", ErrNotLeader}, {"timeout", ErrTimeout},
 	{"corrupt", ErrCorrupt}, {"closed", ErrClosed}, {"unauthenticated", ErrUnauthenticated},
-	{"join_token", ErrJoinToken},
+	{"join_token", ErrJoinToken}, {"unsupported_by_cluster", ErrUnsupportedByCluster},
 }
 
 // errCode maps err to its stable code ("internal" if none applies).
@@ -168,7 +172,7 @@ func (s *Store) forwardHandler() http.Handler {
 			}
 			var err error
 			if join {
-				err = s.joinLocal(r.Context(), m.ID, m.RaftAddr, m.ForwardAddr)
+				err = s.joinLocal(r.Context(), m.RaftAddr, &nodeInfo{ID: m.ID, ForwardAddr: m.ForwardAddr, Version: m.Version, MaxCommand: m.MaxCommand})
 			} else {
 				err = s.removeLocal(r.Context(), m.ID)
 			}
@@ -335,7 +339,9 @@ func (s *Store) JoinVia(ctx context.Context, peers []string) error {
 	if len(peers) == 0 {
 		return fmt.Errorf("%w: join needs at least one peer forward address", ErrInvalid)
 	}
-	body, _ := json.Marshal(membership{ID: s.cfg.NodeID, RaftAddr: s.RaftAddr(), ForwardAddr: s.ForwardAddr()})
+	self := s.selfInfo()
+	body, _ := json.Marshal(membership{ID: s.cfg.NodeID, RaftAddr: s.RaftAddr(), ForwardAddr: s.ForwardAddr(),
+		Version: self.Version, MaxCommand: self.MaxCommand})
 	backoff := 100 * time.Millisecond
 	var last error
 	for {

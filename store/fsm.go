@@ -34,6 +34,9 @@ type fsm struct {
 
 	lastEvent atomic.Uint64
 	applied   atomic.Uint64
+	// versionsGen counts applied node registrations and removals (and
+	// restores): the leader's version gate recomputes when it moves.
+	versionsGen atomic.Uint64
 
 	nmu      sync.Mutex
 	eventsCh chan struct{} // closed and replaced when events are appended
@@ -407,6 +410,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 				continue
 			}
 			res[i] = &applyResult{Values: o.vals, Recs: o.recs}
+			if t := CommandType(logs[i].Data[0]); t == CmdRegisterNode || t == CmdRemoveNode {
+				f.versionsGen.Add(1)
+			}
 			if o.events > 0 {
 				events += o.events
 				lastEv = logs[i].Index
@@ -625,6 +631,7 @@ func (f *fsm) loadDerived() error {
 	})
 	f.lastEvent.Store(last)
 	f.applied.Store(applied)
+	f.versionsGen.Add(1)
 	f.notify(true)
 	if err := f.leases.resetFrom(db); err != nil {
 		return fmt.Errorf("restore: %s: %w", f.path, err)

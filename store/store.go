@@ -78,6 +78,9 @@ type Config struct {
 	// OnSecrets, when set, stores site secrets a member pushes to this node
 	// (PushSecrets: a rotated site keyring); an error refuses them.
 	OnSecrets func(map[string][]byte) error
+	// Version is this node's binary version as `kiln version` prints it
+	// ("" = "dev"), reported in its version record (versions.go).
+	Version string
 }
 
 // Validate reports a missing required field.
@@ -115,6 +118,9 @@ type Store struct {
 	m     *metrics
 
 	enrollSem chan struct{} // bounds concurrent /cluster/enroll
+
+	gate     versionGate   // leader's view of what the servers understand (versions.go)
+	claimMax atomic.Uint32 // test hook: play a binary understanding only up to this type
 
 	leaderCh  chan bool
 	done      chan struct{}
@@ -251,8 +257,9 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	if err := s.m.register(s, reg); err != nil {
 		return nil, fmt.Errorf("store: metrics: %w", err)
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.watchLeadership()
+	go s.registerVersions()
 	ok = true
 	log.Info("store open", "data_dir", cfg.DataDir, "raft_addr", s.RaftAddr(), "forward_addr", s.ForwardAddr(),
 		"existing_state", has)
@@ -323,12 +330,13 @@ func (s *Store) watchLeadership() {
 				continue
 			}
 			s.log.Info("became leader")
-			if fa, _ := s.forwardAddrOf(s.cfg.NodeID); fa == s.ForwardAddr() {
+			s.gate.invalidate()
+			if s.registered() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ApplyTimeout)
 			c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "leader_elected"},
-				Node: &nodeInfo{ID: s.cfg.NodeID, ForwardAddr: s.ForwardAddr()}}
+				Node: s.selfInfo()}
 			if _, _, err := s.applyLocal(ctx, c); err != nil {
 				s.log.Warn("register forward address", "err", err)
 			}
@@ -568,17 +576,20 @@ func (s *Store) Join(ctx context.Context, id, raftAddr, forwardAddr string) erro
 			return err
 		}
 	}
-	return s.joinLocal(ctx, id, raftAddr, forwardAddr)
+	return s.joinLocal(ctx, raftAddr, &nodeInfo{ID: id, ForwardAddr: forwardAddr})
 }
 
-func (s *Store) joinLocal(ctx context.Context, id, raftAddr, forwardAddr string) error {
+// joinLocal registers n (its forward address, and its version when the
+// joiner sent it, JoinVia) and adds it as a voter at raftAddr.
+func (s *Store) joinLocal(ctx context.Context, raftAddr string, n *nodeInfo) error {
+	id, forwardAddr := n.ID, n.ForwardAddr
 	if forwardAddr != "" {
-		c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "join"},
-			Node: &nodeInfo{ID: id, ForwardAddr: forwardAddr}}
+		c := &command{Type: CmdRegisterNode, W: W{Actor: "store:" + s.cfg.NodeID, Reason: "join"}, Node: n}
 		if _, _, err := s.applyLocal(ctx, c); err != nil {
 			return fmt.Errorf("store: join %s: %w", id, err)
 		}
 	}
+	defer s.gate.invalidate()
 	if err := s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, s.timeout(ctx)).Error(); err != nil {
 		return fmt.Errorf("store: join %s at %s: %w", id, raftAddr, err)
 	}
@@ -603,6 +614,7 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 }
 
 func (s *Store) removeLocal(ctx context.Context, id string) error {
+	defer s.gate.invalidate()
 	if err := s.raft.RemoveServer(raft.ServerID(id), 0, s.timeout(ctx)).Error(); err != nil {
 		return fmt.Errorf("store: remove %s: %w", id, err)
 	}

@@ -98,6 +98,9 @@ func (s *Store) write(ctx context.Context, c *command) (vals []json.RawMessage, 
 // raft.ErrNotLeader is returned unwrapped-compatible (errors.Is) when
 // leadership was gone before the entry was enqueued, so it is safe to retry.
 func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, []any, error) {
+	if err := s.checkVersionsWait(ctx, c.Type); err != nil {
+		return nil, nil, err
+	}
 	prepare(c)
 	data, err := encodeCommand(c)
 	if err != nil {

@@ -57,7 +57,7 @@ and only until it expires (--ttl, 1m to 168h).`,
 				return api.ClusterMemberList{Items: items}, err
 			}, func(out api.ClusterMemberList) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) {
-					row(tw, "ID", "ROLE", "SUFFRAGE", "RAFT", "FORWARD", "CERT SERIAL", "JOINED")
+					row(tw, "ID", "ROLE", "SUFFRAGE", "RAFT", "FORWARD", "VERSION", "COMMANDS", "CERT SERIAL", "JOINED")
 					for _, m := range out.Items {
 						role := "follower"
 						if m.Leader {
@@ -67,7 +67,11 @@ and only until it expires (--ttl, 1m to 168h).`,
 						if !m.JoinedAt.IsZero() {
 							joined = m.JoinedAt.Format(time.RFC3339)
 						}
-						row(tw, m.ID, role, m.Suffrage, m.RaftAddr, dash(m.ForwardAddr), dash(m.CertSerial), joined)
+						cmds := "-"
+						if m.MaxCommand != 0 {
+							cmds = fmt.Sprintf("≤%d", m.MaxCommand)
+						}
+						row(tw, m.ID, role, m.Suffrage, m.RaftAddr, dash(m.ForwardAddr), dash(m.Version), cmds, dash(m.CertSerial), joined)
 					}
 				}
 			})
@@ -91,7 +95,7 @@ and only until it expires (--ttl, 1m to 168h).`,
 			return nil
 		},
 	}
-	c.AddCommand(token, members, remove)
+	c.AddCommand(token, members, remove, recoverCmd()) // recover: cli_backup.go
 	return c
 }
 

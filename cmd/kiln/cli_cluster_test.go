@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"kiln/store"
 )
 
 // kilnCLI runs the kiln binary as a client of s (--server, --token) and
@@ -76,6 +80,35 @@ func TestCLIClusterMembersAndRemove(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list.Items) != 2 {
 		t.Fatalf("members -o json: %s (%v)", out, err)
+	}
+	// Each node reports its version (it registers within a second of start).
+	var vers struct {
+		Items []struct {
+			ID         string `json:"id"`
+			Version    string `json:"version"`
+			MaxCommand int    `json:"max_command"`
+		} `json:"items"`
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out, _ = kilnCLI(t, a.bin, pa, false, "cluster", "members", "-o", "json")
+		if err := json.Unmarshal([]byte(out), &vers); err != nil {
+			t.Fatalf("members -o json: %s (%v)", out, err)
+		}
+		n := 0
+		for _, m := range vers.Items {
+			if m.Version != "" && m.MaxCommand == int(store.MaxCommand) {
+				n++
+			}
+		}
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("members do not report version and max_command %d: %s", store.MaxCommand, out)
+		}
+	}
+	if out, _ = kilnCLI(t, a.bin, pa, false, "cluster", "members"); !strings.Contains(out, "VERSION") || !strings.Contains(out, fmt.Sprintf("≤%d", store.MaxCommand)) {
+		t.Fatalf("members table without versions:\n%s", out)
 	}
 
 	// The same token again: the third node does not start, and says why.

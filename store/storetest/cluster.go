@@ -147,7 +147,35 @@ func NewCluster(t testing.TB, n int, mod ...func(*store.Config)) *Cluster {
 			t.Fatalf("%s: no leader: %v", nd.ID, err)
 		}
 	}
+	c.waitVersions()
 	return c
+}
+
+// waitVersions waits until the leader's replica holds every node's version
+// record (each node registers it within a second of knowing the leader;
+// until then the leader writes no command type newer than
+// store.BaselineCommand, see store/DESIGN.md "Mixed versions").
+func (c *Cluster) waitVersions() {
+	c.t.Helper()
+	leader := c.Nodes[c.Leader()].Store
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		vs, err := leader.NodeVersions()
+		if err != nil {
+			c.t.Fatalf("version records: %v", err)
+		}
+		n := 0
+		for _, nd := range c.Nodes {
+			if vs[nd.ID].MaxCommand != 0 {
+				n++
+			}
+		}
+		if n == len(c.Nodes) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("only %d of %d nodes registered their version within 10 s", n, len(c.Nodes))
+		}
+	}
 }
 
 func (c *Cluster) start(nd *Node) error {
