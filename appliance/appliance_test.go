@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
+	"kiln/deploy/lab/testkit"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,24 +19,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// freeAddrs returns n distinct free TCP addresses on 127.0.0.1.
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var ls []net.Listener
-	var out []string
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return out
-}
+// freeAddrs is testkit.FreeAddrs (ports below the ephemeral range).
+func freeAddrs(t *testing.T, n int) []string { t.Helper(); return testkit.FreeAddrs(t, n) }
 
 // running is an in-process appliance on loopback (embedded default, no
 // provisioning interface) with its API URL, boot URL and admin token.

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
+	"kiln/deploy/lab/testkit"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,24 +16,8 @@ import (
 	"time"
 )
 
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ports
-}
+// freePorts is testkit.FreePorts (ports below the ephemeral range).
+func freePorts(t *testing.T, n int) []int { t.Helper(); return testkit.FreePorts(t, n) }
 
 // served is one running `kiln serve` process.
 type served struct {

@@ -3,7 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
-	"net"
+	"kiln/deploy/lab/testkit"
 	"net/url"
 	"os"
 	"os/exec"
@@ -130,23 +130,8 @@ func bootVM(t *testing.T, imgMiB int, bench bool) vmResult {
 // traffic goes to it).
 const bmcTestAddr = "10.73.9.9"
 
-func freePort(t *testing.T, network string) int {
-	t.Helper()
-	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		return c.LocalAddr().(*net.UDPAddr).Port
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+// freePort is testkit.FreePorts (free on TCP and UDP, below the ephemeral range).
+func freePort(t *testing.T, network string) int { t.Helper(); return testkit.FreePorts(t, 1)[0] }
 
 // startIPMISim starts OpenIPMI's ipmi_sim on loopback (LAN 127.0.0.1:UDP, VM codec on a TCP
 // port qemu connects to) and returns the qemu arguments for an in-band BT interface
