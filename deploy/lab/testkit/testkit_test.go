@@ -93,3 +93,17 @@ func TestLink(t *testing.T) {
 		t.Errorf("host end %s left after cleanup", l.HostIf)
 	}
 }
+
+func TestFreePortsBelowEphemeralRange(t *testing.T) {
+	low := ephemeralLow()
+	seen := map[int]bool{}
+	for _, p := range append(FreePorts(t, 20), FreePorts(t, 20)...) {
+		if p < portFloor || p >= low {
+			t.Fatalf("port %d outside %d..%d", p, portFloor, low-1)
+		}
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+	}
+}
