@@ -65,14 +65,20 @@ const (
 	// that a node of the cluster (an older binary) does not understand yet;
 	// the message names the nodes to upgrade.
 	CodeUnsupportedByCluster = "unsupported_by_cluster"
-	CodeImportRejected       = "import_rejected"
-	CodeNotLeader            = "not_leader"
-	CodeTooLarge             = "too_large"
-	CodeBodyTimeout          = "body_timeout"
-	CodeBodyIncomplete       = "body_incomplete"
-	CodeUnavailable          = "unavailable"
-	CodeMethodNotAllowed     = "method_not_allowed"
-	CodeInternal             = "internal"
+	// CodeCursorExpired (410): GET /v1/events?after=CURSOR with a cursor
+	// older than the retained log (store.events retention trimmed events
+	// after it). oldest_cursor in the body is the oldest cursor served:
+	// resync from GET /v1/site/status and the machine list, then follow
+	// the feed with after=oldest_cursor.
+	CodeCursorExpired    = "cursor_expired"
+	CodeImportRejected   = "import_rejected"
+	CodeNotLeader        = "not_leader"
+	CodeTooLarge         = "too_large"
+	CodeBodyTimeout      = "body_timeout"
+	CodeBodyIncomplete   = "body_incomplete"
+	CodeUnavailable      = "unavailable"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeInternal         = "internal"
 )
 
 // ValidationError names the request field (JSON name, dotted for nested
@@ -112,7 +118,8 @@ type ErrorBody struct {
 // ErrorDetail is the inside of ErrorBody. Field names the offending request
 // field for 400s; From/To name the states of an illegal transition; Leader
 // is the raft leader's address on not_leader; Rows lists the bad rows of a
-// rejected import.
+// rejected import; OldestCursor is the oldest event cursor served, on
+// cursor_expired.
 type ErrorDetail struct {
 	Code    string            `json:"code"`
 	Message string            `json:"message"`
@@ -121,6 +128,8 @@ type ErrorDetail struct {
 	To      string            `json:"to,omitempty"`
 	Leader  string            `json:"leader,omitempty"`
 	Rows    []intake.RowError `json:"rows,omitempty"`
+
+	OldestCursor *uint64 `json:"oldest_cursor,omitempty"`
 }
 
 // ErrorClass maps a sentinel error of another package (one the api does not
@@ -196,6 +205,12 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 		return http.StatusForbidden, ErrorDetail{Code: CodeForbidden, Message: err.Error()}
 	case errors.Is(err, store.ErrNotFound):
 		return http.StatusNotFound, ErrorDetail{Code: CodeNotFound, Message: err.Error()}
+	case errors.Is(err, store.ErrCursorExpired):
+		d := ErrorDetail{Code: CodeCursorExpired, Message: err.Error()}
+		if ce := (*store.CursorExpiredError)(nil); errors.As(err, &ce) {
+			d.OldestCursor = &ce.Oldest
+		}
+		return http.StatusGone, d
 	case errors.Is(err, store.ErrUnsupportedByCluster):
 		return http.StatusConflict, ErrorDetail{Code: CodeUnsupportedByCluster, Message: err.Error()}
 	case errors.Is(err, store.ErrImageInUse):

@@ -92,7 +92,7 @@ var docOps = []docOp{
 	{Method: "GET", Path: "/v1/jobs", Summary: "List jobs", Role: RoleViewer, Query: []docParam{{Name: "machine", Type: "string", Desc: "only jobs of this machine"}}, Status: 200, Resp: JobList{}},
 	{Method: "GET", Path: "/v1/jobs/{id}", Summary: "Get a job", Role: RoleViewer, Status: 200, Resp: Job{}},
 
-	{Method: "GET", Path: "/v1/events", Summary: "Event feed after a cursor; long-poll with wait", Role: RoleViewer, Query: []docParam{
+	{Method: "GET", Path: "/v1/events", Summary: "Event feed after a cursor; long-poll with wait. A cursor older than the retained log (store.events retention) is 410 cursor_expired with oldest_cursor in the error body: resync from /v1/site/status and the machines, then follow from oldest_cursor", Role: RoleViewer, Query: []docParam{
 		{Name: "after", Type: "integer", Desc: "cursor: event index (exclusive)"}, pLimit,
 		{Name: "wait", Type: "string", Desc: "long-poll duration, e.g. 30s (capped)"}}, Status: 200, Resp: EventList{}},
 

@@ -292,6 +292,9 @@ func (a *Appliance) Run(ctx context.Context) error {
 		g.Go(func() error { return a.Store.JoinVia(ctx, a.cfg.Raft.Join) })
 	}
 	g.Go(func() error { return a.life.Run(ctx, a.log) })
+	g.Go(func() error {
+		return (&eventTrimmer{st: a.Store, cfg: a.cfg.Store.Events, now: time.Now}).Run(ctx, a.log)
+	})
 	g.Go(func() error { return a.api.Run(ctx, a.log) })
 	g.Go(func() error { return a.serveBoot(ctx) })
 	if a.tftp != nil {

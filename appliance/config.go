@@ -34,6 +34,14 @@ const (
 	// DefaultJoinTimeout bounds a joining node's enrollment (raft.join_timeout):
 	// how long New keeps trying the members listed in raft.join.
 	DefaultJoinTimeout = 2 * time.Minute
+	// DefaultEventsMaxAge and DefaultEventsMaxCount are the event log's
+	// retention (store.events.max_age, store.events.max_count): older
+	// events, and all but the newest max_count, are trimmed.
+	DefaultEventsMaxAge   = 30 * 24 * time.Hour
+	DefaultEventsMaxCount = 1_000_000
+	// DefaultEventsTrimEvery is how often the leader applies the retention
+	// (store.events.trim_every).
+	DefaultEventsTrimEvery = 10 * time.Minute
 )
 
 // Config is the appliance's whole configuration. Decoded from YAML with
@@ -47,6 +55,25 @@ type Config struct {
 	Boot      BootConfig      `yaml:"boot"`
 	BMC       BMCConfig       `yaml:"bmc"`
 	Lifecycle LifecycleConfig `yaml:"lifecycle"`
+	Store     StoreConfig     `yaml:"store"`
+}
+
+// StoreConfig tunes the replicated store.
+type StoreConfig struct {
+	Events EventsConfig `yaml:"events"`
+}
+
+// EventsConfig is the event log's retention, applied by the leader every
+// TrimEvery through one trim_events raft command (store.TrimEvents), so
+// every replica keeps the same events. MaxAge (default
+// DefaultEventsMaxAge) drops events older than it; MaxCount (default
+// DefaultEventsMaxCount) keeps at most that many (plus the rest of one
+// command's events). A negative value disables that bound. A feed cursor
+// older than what is kept is answered 410 cursor_expired.
+type EventsConfig struct {
+	MaxAge    time.Duration `yaml:"max_age"`
+	MaxCount  int           `yaml:"max_count"`
+	TrimEvery time.Duration `yaml:"trim_every"`
 }
 
 // LogConfig selects slog's level (debug|info|warn|error) and format (text|json).
@@ -247,6 +274,18 @@ func (c *Config) Validate() error {
 	}
 	if c.Raft.JoinTimeout == 0 {
 		c.Raft.JoinTimeout = DefaultJoinTimeout
+	}
+	if c.Store.Events.MaxAge == 0 {
+		c.Store.Events.MaxAge = DefaultEventsMaxAge
+	}
+	if c.Store.Events.MaxCount == 0 {
+		c.Store.Events.MaxCount = DefaultEventsMaxCount
+	}
+	if c.Store.Events.TrimEvery == 0 {
+		c.Store.Events.TrimEvery = DefaultEventsTrimEvery
+	}
+	if c.Store.Events.TrimEvery < 0 {
+		return fmt.Errorf("config: store.events.trim_every %s: must be positive (e.g. 10m)", c.Store.Events.TrimEvery)
 	}
 	if c.Raft.JoinToken != "" {
 		if len(c.Raft.Join) == 0 {

@@ -41,6 +41,10 @@ var (
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
 	keyApplied    = []byte("applied")
+	// keyEventsFloor ("events_floor" in bucket meta, 8-byte BE): the
+	// Before of the last CmdTrimEvents; every event with a lower Index has
+	// been deleted, so a cursor below Before-1 is expired (Events).
+	keyEventsFloor = []byte("events_floor")
 )
 
 // meta gives generic code access to the embedded Meta of every record.
@@ -216,6 +220,8 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		err = applyUseJoinToken(a, c.JoinToken, c.Member)
 	case CmdRemoveMember:
 		err = applyRemoveMember(a, c.ID)
+	case CmdTrimEvents:
+		err = trimEvents(a, c.Before)
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}
@@ -720,6 +726,44 @@ func initBuckets(tx *bbolt.Tx) error {
 		}
 	}
 	return nil
+}
+
+// trimEvents is CmdTrimEvents: delete every event with Index < before and
+// raise the events floor to before. before is clamped to this command's own
+// index (a trim never reaches past the log it is part of); a before at or
+// below the stored floor changes nothing, so a repeated or reordered trim
+// is harmless. It writes no event (a trim must not grow the log it bounds).
+func trimEvents(a *applyCtx, before uint64) error {
+	if before > a.index {
+		before = a.index
+	}
+	if before <= eventsFloor(a.tx) {
+		return nil
+	}
+	b := a.tx.Bucket(bEvents)
+	var seek [8]byte
+	binary.BigEndian.PutUint64(seek[:], before)
+	var dead [][]byte
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil && bytes.Compare(k, seek[:]) < 0; k, _ = c.Next() {
+		dead = append(dead, append([]byte(nil), k...))
+	}
+	for _, k := range dead {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	var fb [8]byte
+	binary.BigEndian.PutUint64(fb[:], before)
+	return a.tx.Bucket(bMeta).Put(keyEventsFloor, fb[:])
+}
+
+// eventsFloor returns the stored events floor (0: never trimmed).
+func eventsFloor(tx *bbolt.Tx) uint64 {
+	if v := tx.Bucket(bMeta).Get(keyEventsFloor); len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
 }
 
 // lastEventIndex returns the raft index of the newest event in tx, or 0.

@@ -60,6 +60,12 @@ var (
 	// ErrEnrollRefused: Enroll was refused by the cluster (ErrJoinToken's
 	// reasons, or a bad request); retrying with the same token cannot help.
 	ErrEnrollRefused = errors.New("join refused")
+	// ErrCursorExpired: Events was asked for events after a cursor older
+	// than the retained log (a CmdTrimEvents deleted some of them). The
+	// concrete error is *CursorExpiredError, naming the oldest cursor still
+	// served: resync from current state (machines, site status), then
+	// follow the feed from that cursor.
+	ErrCursorExpired = errors.New("store: event cursor older than the retained log")
 	// ErrNoRaft: a raft-only operation (Join, Remove, JoinVia, Snapshot)
 	// on a store opened with OpenLocal, which has no raft group. Open the
 	// cluster's store with Open instead.
@@ -133,3 +139,18 @@ func (e *ImportConflictError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrConflict) true.
 func (e *ImportConflictError) Unwrap() error { return ErrConflict }
+
+// CursorExpiredError (wrapping ErrCursorExpired) refuses Events(After):
+// the events after After up to Oldest were trimmed. Oldest is the oldest
+// cursor Events still serves completely (the events floor minus one).
+type CursorExpiredError struct {
+	After, Oldest uint64
+}
+
+func (e *CursorExpiredError) Error() string {
+	return fmt.Sprintf("store: event cursor %d is older than the retained log: resync from current state, "+
+		"then follow events after cursor %d", e.After, e.Oldest)
+}
+
+// Unwrap makes errors.Is(err, ErrCursorExpired) true.
+func (e *CursorExpiredError) Unwrap() error { return ErrCursorExpired }

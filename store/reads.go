@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"time"
 
 	"go.etcd.io/bbolt"
 )
@@ -258,7 +259,9 @@ const DefaultEventLimit = 1000
 // order. The last returned event's Index is the next cursor. A page never
 // splits one command's events: when limit is reached inside a raft index,
 // the rest of that index's events are included too (so a page may exceed
-// limit by the events of one command).
+// limit by the events of one command). A cursor older than the retained
+// log (after+1 below the events floor a CmdTrimEvents set) is
+// *CursorExpiredError (ErrCursorExpired), naming the oldest cursor served.
 func (s *Store) Events(after uint64, limit int) ([]Event, error) {
 	if limit <= 0 {
 		limit = DefaultEventLimit
@@ -268,6 +271,9 @@ func (s *Store) Events(after uint64, limit int) ([]Event, error) {
 	}
 	var out []Event
 	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		if floor := eventsFloor(tx); after+1 < floor {
+			return &CursorExpiredError{After: after, Oldest: floor - 1}
+		}
 		c := tx.Bucket(bEvents).Cursor()
 		var seek [8]byte
 		binary.BigEndian.PutUint64(seek[:], after+1)
@@ -307,4 +313,63 @@ func (s *Store) WaitEvents(ctx context.Context, after uint64) error {
 			return ErrClosed
 		}
 	}
+}
+
+// OldestEventCursor returns the oldest cursor Events serves completely on
+// this replica: the events floor minus one (0 when never trimmed).
+func (s *Store) OldestEventCursor() (uint64, error) {
+	var floor uint64
+	err := s.fsm.view(func(tx *bbolt.Tx) error { floor = eventsFloor(tx); return nil })
+	if floor > 0 {
+		floor--
+	}
+	return floor, err
+}
+
+// EventTrimPoint computes, from this replica's events, the Before of a
+// CmdTrimEvents that applies the retention policy at time now: keep at
+// most maxCount events (≤ 0: no count bound) and none older than maxAge
+// (≤ 0: no age bound). The point never splits one command's events (it
+// keeps all events of the index where the count bound falls, so up to one
+// command's events more than maxCount stay). It returns 0 when nothing
+// needs trimming (the point is at or below the current floor).
+func (s *Store) EventTrimPoint(now time.Time, maxAge time.Duration, maxCount int) (uint64, error) {
+	var before uint64
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bEvents)
+		floor := eventsFloor(tx)
+		c := b.Cursor()
+		if maxCount > 0 {
+			n := 0
+			for k, _ := c.Last(); k != nil; k, _ = c.Prev() {
+				if n++; n == maxCount {
+					idx := binary.BigEndian.Uint64(k)
+					if first, _ := c.First(); first != nil && binary.BigEndian.Uint64(first) < idx {
+						before = max(before, idx) // older indexes exist: keep from this one
+					}
+					break
+				}
+			}
+		}
+		if maxAge > 0 {
+			cutoff := now.Add(-maxAge)
+			for k, v := c.First(); k != nil; k, v = c.Next() {
+				var ev struct {
+					Time time.Time `json:"time"`
+				}
+				if err := json.Unmarshal(v, &ev); err != nil {
+					return fmt.Errorf("%w: event %x: %v", ErrCorrupt, k, err)
+				}
+				if !ev.Time.Before(cutoff) {
+					break
+				}
+				before = max(before, binary.BigEndian.Uint64(k)+1)
+			}
+		}
+		if before <= floor {
+			before = 0
+		}
+		return nil
+	})
+	return before, err
 }

@@ -183,6 +183,19 @@ func (s *Store) PutLeases(ctx context.Context, ls []Lease) error {
 	return err
 }
 
+// TrimEvents writes CmdTrimEvents (command 25, trim_events): every replica
+// deletes the events with Index < before and serves no cursor below
+// before-1 from then on (Events: *CursorExpiredError). before comes from
+// EventTrimPoint on the leader; 0 is a no-op. Errors: ErrNotLeader,
+// ErrTimeout, ErrUnsupportedByCluster (a node predates command 25: upgrade it).
+func (s *Store) TrimEvents(ctx context.Context, before uint64, w W) error {
+	if before == 0 {
+		return nil
+	}
+	_, _, err := s.write(ctx, &command{Type: CmdTrimEvents, W: w, Before: before})
+	return err
+}
+
 // AppendEvents appends caller-made events (step reports, job progress) in
 // one command. Index, Seq and Time are fixed by the store (leader time).
 // Each event needs Subject and Kind (ErrInvalid).

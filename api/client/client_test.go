@@ -525,3 +525,31 @@ func TestNoHiddenRetries(t *testing.T) {
 		t.Fatalf("the server saw %d requests for one call", got)
 	}
 }
+
+// A cursor older than the retained log is 410 cursor_expired with the
+// oldest cursor served; that cursor reads the rest of the feed.
+func TestEventsCursorExpired(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	admin := e.client(adminTok)
+	for i := range 3 {
+		e.machineIn(fmt.Sprintf("x%d", i), fmt.Sprintf("52:54:00:00:41:%02x", i), nil, store.StateRegistered)
+	}
+	before, err := e.st.EventTrimPoint(time.Now(), 0, 2)
+	if err != nil || before == 0 {
+		t.Fatalf("trim point %d, %v", before, err)
+	}
+	if err := e.st.TrimEvents(ctx, before, store.W{Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.Events(ctx, client.EventQuery{After: 0})
+	ce := wantErr(t, err, 410, api.CodeCursorExpired)
+	oldest, ok := client.CursorExpired(err)
+	if !ok || oldest != before-1 || ce.Detail.OldestCursor == nil || !strings.Contains(ce.Error(), "resync") {
+		t.Fatalf("cursor_expired: oldest %d ok %v, want %d; %v", oldest, ok, before-1, ce)
+	}
+	rest, err := admin.Events(ctx, client.EventQuery{After: oldest})
+	if err != nil || len(rest.Events) < 2 || rest.Events[0].Index != before {
+		t.Fatalf("events after the oldest cursor: %v %+v", err, rest)
+	}
+}

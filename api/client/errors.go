@@ -69,6 +69,8 @@ func (e *Error) Hint() string {
 		return "this node could not reach the leader (raft address " + d.Leader + "); retry in a few seconds"
 	case d.Code == api.CodeNotLeader:
 		return "no leader yet; retry in a few seconds"
+	case d.Code == api.CodeCursorExpired && d.OldestCursor != nil:
+		return fmt.Sprintf("the events after this cursor are no longer kept; resync from site status and the machines, then follow from cursor %d", *d.OldestCursor)
 	case d.Code == api.CodeImportRejected:
 		return "fix the rows above; nothing was imported"
 	case d.Field != "":
@@ -119,6 +121,21 @@ func IsNotFound(err error) bool {
 func IsConflict(err error) bool {
 	e := AsError(err)
 	return e != nil && e.Status == http.StatusConflict
+}
+
+// CursorExpired reports whether err is the API's 410 cursor_expired (GET
+// /v1/events with a cursor older than the retained log) and, if so, the
+// oldest cursor the server still serves: resync from current state (site
+// status, machines), then call Events with After = oldest.
+func CursorExpired(err error) (oldest uint64, ok bool) {
+	e := AsError(err)
+	if e == nil || e.Detail.Code != api.CodeCursorExpired {
+		return 0, false
+	}
+	if e.Detail.OldestCursor != nil {
+		oldest = *e.Detail.OldestCursor
+	}
+	return oldest, true
 }
 
 // IsNotLeader reports whether err is the API's 503 not_leader; Detail.Leader

@@ -385,8 +385,11 @@ func validReport(rep agentapi.Report) error {
 // provisioning with Reason build_complete (the durable "build complete"
 // marker) and Step.Deadline = now + RebootTimeout; later reports (the
 // agent's reboot step) are recorded and keep that deadline. BootFor or the
-// loop then makes it provisioned. The event and the machine write are one
-// store command (Store.ReportAgent), heartbeats included: a write refused
+// loop then makes it provisioned. A heartbeat (a running report of the
+// running step, see heartbeat) is coalesced: written, without its "step"
+// event, only when the stored Step.At is HeartbeatRecordEvery old;
+// otherwise it only marks the agent live on this node. The event and the
+// machine write are one store command (Store.ReportAgent): a write refused
 // on conflict is retried from a fresh read, and a report that fails stores
 // no event. Errors: ErrMachineMismatch, ErrBadReport, store.ErrNotFound,
 // store.ErrConflict (gave up after maxCASRetries), store errors.
@@ -403,7 +406,8 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 		rep.Progress = 1
 	}
 	msg := truncate(sanitize(rep.Message), agentapi.MaxMessageLen)
-	if _, err := c.st.GetMachine(machineID); err != nil {
+	cur, err := c.st.GetMachine(machineID)
+	if err != nil {
 		return fmt.Errorf("lifecycle: agent report %s: %w", machineID, err)
 	}
 	c.seen(machineID)
@@ -415,7 +419,13 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 	ev := []store.Event{{Subject: "machine/" + machineID, Kind: "step", Actor: ActorAgent,
 		To: string(rep.State), Reason: string(rep.Reason), Message: evMsg}}
 	c.observeStep(machineID, rep, now)
-	_, err := c.report(ctx, machineID, ev, store.W{Actor: ActorController}, func(m *store.Machine) error {
+	if heartbeat(cur.Step, rep) {
+		if every := c.cfg.HeartbeatRecordEvery; every > 0 && now.Sub(cur.Step.At) < every {
+			return nil // coalesced: live on this node (seen), nothing written
+		}
+		ev = nil // liveness is no audit event; the machine write records Step.At and Progress
+	}
+	_, err = c.report(ctx, machineID, ev, store.W{Actor: ActorController}, func(m *store.Machine) error {
 		prev := m.Step
 		if m.State == store.StateProvisioning && staleReport(prev, rep) {
 			return nil // the machine as it is, with the report's event: recorded, moves nothing
@@ -484,6 +494,17 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 		return nil
 	})
 	return err
+}
+
+// heartbeat reports whether rep only says that the step prev records is
+// still running: same step and attempt, state running before and now, and
+// no reason. Progress and message may differ: a running report is a
+// progress update (agentapi.StateRunning; the agent sends "NN%"), which is
+// liveness, not audit.
+func heartbeat(prev *store.StepStatus, rep agentapi.Report) bool {
+	return prev != nil && rep.State == agentapi.StateRunning && prev.State == string(agentapi.StateRunning) &&
+		prev.Step == rep.Step && (rep.Attempt == 0 || prev.Attempt == 0 || rep.Attempt == prev.Attempt) &&
+		rep.Reason == "" && prev.Reason == ""
 }
 
 // stepBelongs reports whether step is one the agent runs in state: inspect

@@ -58,20 +58,23 @@ const (
 
 // Defaults (named so the appliance's config docs can cite them).
 const (
-	DefaultInterval        = 2 * time.Second
-	DefaultWorkers         = 8
-	DefaultBMCTimeout      = 60 * time.Second
-	DefaultBMCBackoff      = 30 * time.Second
-	DefaultBMCMaxBackoff   = 10 * time.Minute
-	DefaultBootTimeout     = 15 * time.Minute // power action / claim → agent's first report
-	DefaultStepTimeout     = 30 * time.Minute // a step without its own entry in StepDeadlines
-	DefaultRebootTimeout   = 3 * time.Minute  // build complete → the machine's next netboot
-	DefaultAgentPollAfter  = 5 * time.Second
-	DefaultAgentHeartbeat  = 30 * time.Second
-	DefaultMemoryTolerance = 0.05 // discovered memory may be this fraction below intended
-	DefaultDiscoverRate    = 2.0  // new discovered records per second (per node)
-	DefaultDiscoverBurst   = 20   // discovered records created back to back
-	DefaultMaxDiscovered   = 500  // machines in state discovered, site-wide
+	DefaultInterval       = 2 * time.Second
+	DefaultWorkers        = 8
+	DefaultBMCTimeout     = 60 * time.Second
+	DefaultBMCBackoff     = 30 * time.Second
+	DefaultBMCMaxBackoff  = 10 * time.Minute
+	DefaultBootTimeout    = 15 * time.Minute // power action / claim → agent's first report
+	DefaultStepTimeout    = 30 * time.Minute // a step without its own entry in StepDeadlines
+	DefaultRebootTimeout  = 3 * time.Minute  // build complete → the machine's next netboot
+	DefaultAgentPollAfter = 5 * time.Second
+	DefaultAgentHeartbeat = 30 * time.Second
+	// DefaultHeartbeatRecordEvery: a heartbeat (see Config.HeartbeatRecordEvery)
+	// is written to the store at most this often per machine.
+	DefaultHeartbeatRecordEvery = 5 * time.Minute
+	DefaultMemoryTolerance      = 0.05 // discovered memory may be this fraction below intended
+	DefaultDiscoverRate         = 2.0  // new discovered records per second (per node)
+	DefaultDiscoverBurst        = 20   // discovered records created back to back
+	DefaultMaxDiscovered        = 500  // machines in state discovered, site-wide
 )
 
 // DefaultStepDeadlines are the per-step deadlines (from a step's start)
@@ -117,6 +120,15 @@ type Config struct {
 	BMCBackoff, BMCMaxBackoff time.Duration
 	// AgentPollAfter and AgentHeartbeat are handed to the agent in every Task.
 	AgentPollAfter, AgentHeartbeat time.Duration
+	// HeartbeatRecordEvery coalesces heartbeats: a report that only says a
+	// step is still running (same step and attempt, running before and
+	// now, no reason; progress and message may change) is written to the store — the machine's
+	// Step.At and Progress, with no "step" event — only when the stored
+	// Step.At is at least this old; otherwise it only marks the agent live
+	// on this node (AgentLive). So liveness costs one store write and one
+	// event per machine per HeartbeatRecordEvery, not per AgentHeartbeat.
+	// Default DefaultHeartbeatRecordEvery; negative: write every heartbeat.
+	HeartbeatRecordEvery time.Duration
 	// AgentEndpoints are the agent API URLs (kiln.url values) of every node of
 	// the site cluster, handed to the agent in every Task (agentapi.Task.Endpoints)
 	// so that it moves on to another node when its own does not answer. Empty: none.
@@ -227,6 +239,7 @@ func (c *Config) applyDefaults() {
 	setDur(&c.BMCMaxBackoff, DefaultBMCMaxBackoff)
 	setDur(&c.AgentPollAfter, DefaultAgentPollAfter)
 	setDur(&c.AgentHeartbeat, DefaultAgentHeartbeat)
+	setDur(&c.HeartbeatRecordEvery, DefaultHeartbeatRecordEvery)
 	setDur(&c.AgentStaleAfter, 3*c.AgentPollAfter)
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers
