@@ -38,8 +38,7 @@ const (
 	CmdRemoveMember                      // 21: ID: the node's certificate is refused from then on
 	CmdPutSiteV2                         // 22: Site; as 1, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	CmdPutRackV2                         // 23: Rack; as 2, and a create (ResourceVersion 0) of a stored ID is ErrConflict
-	CmdReserved24                        // 24: reserved (branch c12ops); never written, refused as unknown by this binary
-	CmdTrimEvents                        // 25: Before: delete every event with Index < Before; Before becomes the events floor (never lowered)
+	CmdTrimEvents                        // 24: Before: delete every event with Index < Before; Before becomes the events floor (never lowered)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -53,7 +52,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
-	"put_site_v2", "put_rack_v2", "reserved_24", "trim_events"}
+	"put_site_v2", "put_rack_v2", "trim_events"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {

@@ -183,11 +183,11 @@ func (s *Store) PutLeases(ctx context.Context, ls []Lease) error {
 	return err
 }
 
-// TrimEvents writes CmdTrimEvents (command 25, trim_events): every replica
+// TrimEvents writes CmdTrimEvents (command 24, trim_events): every replica
 // deletes the events with Index < before and serves no cursor below
 // before-1 from then on (Events: *CursorExpiredError). before comes from
 // EventTrimPoint on the leader; 0 is a no-op. Errors: ErrNotLeader,
-// ErrTimeout, ErrUnsupportedByCluster (a node predates command 25: upgrade it).
+// ErrTimeout, ErrUnsupportedByCluster (a node predates command 24: upgrade it).
 func (s *Store) TrimEvents(ctx context.Context, before uint64, w W) error {
 	if before == 0 {
 		return nil
