@@ -69,6 +69,10 @@ type Appliance struct {
 	bmc     *bmcAdapter // opens BMC credentials with the site key
 	tftp    *tftp.Server
 	version string
+	// images copies image files between members (imagesync.go); peerFiles
+	// is its handler on the forward RPC.
+	images    *imageSync
+	peerFiles http.Handler
 }
 
 // New builds the appliance: it gets the node's site certificate and the
@@ -103,6 +107,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		JoinSecrets: siteK.joinSecrets,
 		OnSecrets:   siteK.update,
 		Version:     version,
+		// Set in New below, before Run serves the forward RPC.
+		PeerFiles: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { a.peerFiles.ServeHTTP(w, r) }),
 	}, log, reg)
 	if err != nil {
 		return nil, err
@@ -160,6 +166,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		return nil, err
 	}
 	a.life = life
+	a.images = newImageSync(st, catalog, life, cfg.NodeID, log, reg)
+	a.peerFiles = a.images.peerHandler()
 
 	tokens := make([]api.TokenSpec, 0, len(cfg.API.Tokens)+1)
 	admin, err := api.LoadOrCreateAdminToken(cfg.API.AdminTokenFile)
@@ -292,6 +300,7 @@ func (a *Appliance) Run(ctx context.Context) error {
 		g.Go(func() error { return a.Store.JoinVia(ctx, a.cfg.Raft.Join) })
 	}
 	g.Go(func() error { return a.life.Run(ctx, a.log) })
+	g.Go(func() error { return a.images.Run(ctx) })
 	g.Go(func() error { return a.api.Run(ctx, a.log) })
 	g.Go(func() error { return a.serveBoot(ctx) })
 	if a.tftp != nil {
