@@ -179,6 +179,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		tokens = append(tokens, api.TokenSpec{Name: t.Name, Role: api.Role(t.Role), SHA256: t.SHA256})
 	}
 	apiB := newAPIBackend(lifecycle.NewService(life, st), st, siteK, version)
+	apiB.images = a.images
 	apiB.bk = &backupSource{st: st, catalog: catalog, envDir: cfg.Boot.EnvDir, version: version}
 	apiSrv, err := api.New(api.Config{
 		Addr:            cfg.API.Addr,

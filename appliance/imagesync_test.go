@@ -6,14 +6,18 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"kiln/api"
 	"kiln/store"
 )
 
@@ -137,5 +141,26 @@ func TestImageReplication(t *testing.T) {
 	// is why C re-checks every copy it takes.
 	if got := pres[img2.ID]; len(got) < 2 {
 		t.Fatalf("image 2 held on %v, want at least a and c", got)
+	}
+
+	// The site status shows it, on any node.
+	req, _ := http.NewRequest("GET", "http://"+b.cfg.API.Addr+"/v1/site/status", nil)
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ss api.SiteStatus
+	if err := json.NewDecoder(resp.Body).Decode(&ss); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("site status: HTTP %d, %v", resp.StatusCode, err)
+	}
+	for _, iv := range ss.Images {
+		if iv.ID == img1.ID && !slices.Equal(iv.Nodes, []string{"img-a", "img-b", "img-c"}) {
+			t.Fatalf("site status: image 1 on %v, want all three nodes", iv.Nodes)
+		}
+	}
+	if len(ss.Images) != 2 {
+		t.Fatalf("site status lists %d images, want 2", len(ss.Images))
 	}
 }
