@@ -152,6 +152,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	a.bmc = bmcA
 	life, err := lifecycle.New(lifecycle.Config{
 		ImageBaseURL:       baseURL,
+		ImageHere:          func(img store.Image) bool { return a.images.holds(img) }, // set below, before Run
 		UnknownMachines:    cfg.Boot.UnknownMachines,
 		DefaultStepTimeout: cfg.Lifecycle.StepTimeout,
 		BootTimeout:        cfg.Lifecycle.BootTimeout,
@@ -166,7 +167,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		return nil, err
 	}
 	a.life = life
-	a.images = newImageSync(st, catalog, life, cfg.NodeID, log, reg)
+	a.images = newImageSync(st, catalog, life, cfg.NodeID, log)
 	a.peerFiles = a.images.peerHandler()
 
 	tokens := make([]api.TokenSpec, 0, len(cfg.API.Tokens)+1)

@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"kiln/api"
 	"kiln/store"
 )
@@ -45,14 +42,6 @@ func waitFile(t *testing.T, n *node, name, want string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("node %s: image file %s with sha256 %s did not arrive within 15 s", n.cfg.NodeID, name, want)
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return -1
-	}
-	return m.GetCounter().GetValue()
 }
 
 func randomBytes(t *testing.T, n int) []byte {
@@ -116,9 +105,9 @@ func TestImageReplication(t *testing.T) {
 	c.waitReady(t)
 	waitFile(t, c, "disk-one.img", img1.SHA256) // the late joiner catches up
 	deadline := time.Now().Add(15 * time.Second)
-	for counterValue(c.app.images.refused) < 2 {
+	for c.app.images.refused.Load() < 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("node c refused %v corrupted copies, want ≥ 2 (from a and b)", counterValue(c.app.images.refused))
+			t.Fatalf("node c refused %d corrupted copies, want ≥ 2 (from a and b)", c.app.images.refused.Load())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
