@@ -200,7 +200,18 @@ func (s *imageSync) pull(ctx context.Context, img store.Image) error {
 	return errors.Join(errs...)
 }
 
+// pullTimeout bounds one copy of a size-byte image: a minute plus the time
+// at pullMinBytesPerSec, so a stalled peer does not hold the replicator.
+func pullTimeout(size uint64) time.Duration {
+	return time.Minute + time.Duration(size/pullMinBytesPerSec)*time.Second
+}
+
+// pullMinBytesPerSec is the slowest copy rate pullTimeout allows (10 MiB/s).
+const pullMinBytesPerSec = 10 << 20
+
 func (s *imageSync) pullFrom(ctx context.Context, node string, img store.Image) error {
+	ctx, cancel := context.WithTimeout(ctx, pullTimeout(img.Size))
+	defer cancel()
 	resp, err := s.st.PeerGet(ctx, node, "images/"+url.PathEscape(img.ID))
 	if err != nil {
 		return err
