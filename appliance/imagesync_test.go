@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
@@ -77,6 +78,17 @@ func TestImageReplication(t *testing.T) {
 		t.Fatalf("node b's copy differs from the upload (%d bytes, %v)", len(got), err)
 	}
 
+	// Without a site certificate the forward port serves no image.
+	anon := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := anon.Get("https://" + a.cfg.Raft.ForwardAddr + "/peer/images/" + img1.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("image without a client certificate: HTTP %d, want 401", resp.StatusCode)
+	}
+
 	// A second image, whose only copy (on A and B) is then corrupted in
 	// place with size and mtime kept, so A and B still believe their cached
 	// digest and serve the bad bytes.
@@ -135,7 +147,7 @@ func TestImageReplication(t *testing.T) {
 	// The site status shows it, on any node.
 	req, _ := http.NewRequest("GET", "http://"+b.cfg.API.Addr+"/v1/site/status", nil)
 	req.Header.Set("Authorization", "Bearer "+b.token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
