@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -22,6 +23,10 @@ func (s *Server) readyz(c echo.Context) error {
 	}
 	return c.JSON(http.StatusOK, Status{Status: "ok", Leader: h.Leader})
 }
+
+// imagePresenceTimeout bounds the site status's questions to the other
+// nodes about the image files they hold.
+const imagePresenceTimeout = 3 * time.Second
 
 func (s *Server) siteStatus(c echo.Context) error {
 	counts, err := s.b.CountByState()
@@ -46,8 +51,21 @@ func (s *Server) siteStatus(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	var held map[string][]string
+	if p, ok := s.b.(ImagePresenceBackend); ok {
+		ctx, cancel := context.WithTimeout(c.Request().Context(), imagePresenceTimeout)
+		held, err = p.ImagePresence(ctx)
+		cancel()
+		if err != nil {
+			s.log.Warn("site status: image presence incomplete", "err", err)
+		}
+	}
 	for _, im := range imgs {
-		st.Images = append(st.Images, ImageVersion{ID: im.ID, Name: im.Name, Version: im.Version, SHA256: im.SHA256})
+		iv := ImageVersion{ID: im.ID, Name: im.Name, Version: im.Version, SHA256: im.SHA256}
+		if held != nil {
+			iv.Nodes = append([]string{}, held[im.ID]...)
+		}
+		st.Images = append(st.Images, iv)
 	}
 	st.Raft = s.b.Health()
 	st.Version = st.Raft.Version

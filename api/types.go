@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"time"
 
 	"kiln/store"
@@ -158,12 +159,24 @@ type MachineSummary struct {
 	Updated time.Time          `json:"updated_at"`
 }
 
-// ImageVersion names one catalog image (site status versions).
+// ImageVersion names one catalog image (site status versions). Nodes lists
+// the IDs of the cluster nodes whose image file is the recorded content
+// (sorted; verified by each node itself, appliance/imagesync.go): the image
+// is offered for provisioning from those nodes. It is null when the
+// backend does not report presence (ImagePresenceBackend).
 type ImageVersion struct {
-	ID      string `json:"id"`
-	Name    string `json:"name"`
-	Version string `json:"version"`
-	SHA256  string `json:"sha256"`
+	ID      string   `json:"id"`
+	Name    string   `json:"name"`
+	Version string   `json:"version"`
+	SHA256  string   `json:"sha256"`
+	Nodes   []string `json:"nodes"`
+}
+
+// ImagePresenceBackend is implemented by a Backend that knows which node
+// holds which image file: image ID → node IDs. A node that did not answer is
+// left out of the map and named in the error, and the status is still served.
+type ImagePresenceBackend interface {
+	ImagePresence(ctx context.Context) (map[string][]string, error)
 }
 
 // SiteStatus is GET /v1/site/status, what central pulls: machine counts by

@@ -26,6 +26,7 @@ type apiBackend struct {
 	st      *store.Store  // Health and the cluster routes
 	keys    *siteKeys     // site key rotation (sitekey.go); nil = none
 	bk      *backupSource // GET /v1/backup (backup.go); nil = none
+	images  *imageSync    // image presence in the site status (imagesync.go); nil = none
 	version string
 }
 
@@ -38,6 +39,15 @@ func NewAPIBackend(svc *lifecycle.Service, st *store.Store, version string) api.
 
 func newAPIBackend(svc *lifecycle.Service, st *store.Store, keys *siteKeys, version string) *apiBackend {
 	return &apiBackend{Service: svc, st: st, keys: keys, version: version}
+}
+
+// ImagePresence is api.ImagePresenceBackend: which node holds which image
+// file (imageSync.ImagePresence); nil map and nil error without a replicator.
+func (b *apiBackend) ImagePresence(ctx context.Context) (map[string][]string, error) {
+	if b.images == nil {
+		return nil, nil
+	}
+	return b.images.ImagePresence(ctx)
 }
 
 // The cluster routes (api.ClusterBackend) are the store's own operations.

@@ -69,6 +69,10 @@ type Appliance struct {
 	bmc     *bmcAdapter // opens BMC credentials with the site key
 	tftp    *tftp.Server
 	version string
+	// images copies image files between members (imagesync.go); peerFiles
+	// is its handler on the forward RPC.
+	images    *imageSync
+	peerFiles http.Handler
 }
 
 // New builds the appliance: it gets the node's site certificate and the
@@ -103,6 +107,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		JoinSecrets: siteK.joinSecrets,
 		OnSecrets:   siteK.update,
 		Version:     version,
+		// Set in New below, before Run serves the forward RPC.
+		PeerFiles: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { a.peerFiles.ServeHTTP(w, r) }),
 	}, log, reg)
 	if err != nil {
 		return nil, err
@@ -146,6 +152,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	a.bmc = bmcA
 	life, err := lifecycle.New(lifecycle.Config{
 		ImageBaseURL:       baseURL,
+		ImageHere:          func(img store.Image) bool { return a.images.holds(img) }, // set below, before Run
 		UnknownMachines:    cfg.Boot.UnknownMachines,
 		DefaultStepTimeout: cfg.Lifecycle.StepTimeout,
 		BootTimeout:        cfg.Lifecycle.BootTimeout,
@@ -160,6 +167,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		return nil, err
 	}
 	a.life = life
+	a.images = newImageSync(st, catalog, life, cfg.NodeID, log)
+	a.peerFiles = a.images.peerHandler()
 
 	tokens := make([]api.TokenSpec, 0, len(cfg.API.Tokens)+1)
 	admin, err := api.LoadOrCreateAdminToken(cfg.API.AdminTokenFile)
@@ -171,6 +180,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		tokens = append(tokens, api.TokenSpec{Name: t.Name, Role: api.Role(t.Role), SHA256: t.SHA256})
 	}
 	apiB := newAPIBackend(lifecycle.NewService(life, st), st, siteK, version)
+	apiB.images = a.images
 	apiB.bk = &backupSource{st: st, catalog: catalog, envDir: cfg.Boot.EnvDir, version: version}
 	apiSrv, err := api.New(api.Config{
 		Addr:            cfg.API.Addr,
@@ -295,6 +305,7 @@ func (a *Appliance) Run(ctx context.Context) error {
 	g.Go(func() error {
 		return (&eventTrimmer{st: a.Store, cfg: a.cfg.Store.Events, now: time.Now}).Run(ctx, a.log)
 	})
+	g.Go(func() error { return a.images.Run(ctx) })
 	g.Go(func() error { return a.api.Run(ctx, a.log) })
 	g.Go(func() error { return a.serveBoot(ctx) })
 	if a.tftp != nil {

@@ -24,6 +24,7 @@ import (
 //	POST /raft/barrier     (empty)                                     → wireResult{Index}
 //	POST /raft/secrets     body: JSON secretsPush (cluster.go; any node) → wireResult
 //	POST /cluster/enroll   body: JSON enrollRequest (cluster.go)       → enrollReply
+//	GET  /peer/...         Config.PeerFiles, when set (peer.go)       → its answer
 //
 // Only the leader executes /raft/ routes; a non-leader answers 503 with code
 // not_leader (it never forwards again, so a request makes at most one hop).
@@ -195,6 +196,9 @@ func (s *Store) forwardHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /cluster/enroll", s.serveEnroll)
 	mux.HandleFunc("POST /raft/secrets", s.serveSecrets)
+	if s.cfg.PeerFiles != nil {
+		mux.Handle("GET /peer/", s.cfg.PeerFiles)
+	}
 	// Only enrollment is open; everything else needs a verified site
 	// certificate (the TLS layer verified the chain and ran peerCheck).
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -81,6 +81,10 @@ type Config struct {
 	// Version is this node's binary version as `kiln version` prints it
 	// ("" = "dev"), reported in its version record (versions.go).
 	Version string
+	// PeerFiles, when set, serves GET /peer/... on the forward RPC to other
+	// members only (a client certificate of the site CA; see PeerGet). The
+	// appliance serves its image catalog here (appliance/imagesync.go).
+	PeerFiles http.Handler
 }
 
 // Validate reports a missing required field.

@@ -170,6 +170,9 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 			c.logger().Warn("claimed image missing", "machine", m.ID, "image", m.Claim.Image, "err", err)
 			return wait, nil
 		}
+		if !c.imageHere(m, img) {
+			return wait, nil
+		}
 		now := c.now()
 		m, err = c.update(ctx, m.ID, store.W{Actor: ActorController, Reason: ReasonBuildStarted}, func(m *store.Machine) error {
 			if m.State != store.StateAvailable || m.Claim == nil {
@@ -203,6 +206,9 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 		img, err := c.st.GetImage(m.Claim.Image)
 		if err != nil {
 			return agentapi.Task{}, fmt.Errorf("lifecycle: machine %s image %s: %w", m.ID, m.Claim.Image, err)
+		}
+		if !c.imageHere(m, img) {
+			return wait, nil
 		}
 		return c.provisionTask(m, img), nil
 	case store.StateErasing:
@@ -301,6 +307,17 @@ func stateRank(s agentapi.State) int {
 		return 3
 	}
 	return 0 // pending
+}
+
+// imageHere reports Config.ImageHere for img (true when unset), logging a
+// build held back because this node does not hold the image yet.
+func (c *Controller) imageHere(m store.Machine, img store.Image) bool {
+	if c.cfg.ImageHere == nil || c.cfg.ImageHere(img) {
+		return true
+	}
+	c.logger().Info("build waits: this node does not hold the image file yet (it is copied from a peer)",
+		"machine", m.ID, "image", img.ID, "name", img.Name)
+	return false
 }
 
 // provisionTask builds the gated build's instructions for m and img.

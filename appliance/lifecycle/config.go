@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"kiln/store"
 )
 
 // Policy is the action on an intended-vs-discovered difference in one field.
@@ -92,6 +94,12 @@ type Config struct {
 	// ImageBaseURL is the appliance's boot HTTP base (http://host[:port]);
 	// images are fetched from ImageBaseURL + "/images/" + Image.Name. Required.
 	ImageBaseURL string
+	// ImageHere, when set, reports whether this node's catalog file of a
+	// recorded image is that image's content (appliance/imagesync.go): an
+	// agent is given a build only while it is, and is told to wait (poll
+	// again) until then, so it fetches from this node only what this node
+	// holds. nil = every recorded image is here (a single node).
+	ImageHere func(store.Image) bool
 	// UnknownMachines is UnknownDiscover (default) or UnknownExit.
 	UnknownMachines string
 	// Inspection is InspectAuto (default) or InspectManual.
