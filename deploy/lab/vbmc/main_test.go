@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"kiln/deploy/lab/testkit"
 	"kiln/deploy/lab/testreq"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,12 +29,7 @@ func TestBinaryWithCurl(t *testing.T) {
 	args := filepath.Join(dir, "vm.args")
 	_ = os.WriteFile(pw, []byte("curl-Secret-1\n"), 0o600)
 	_ = os.WriteFile(args, []byte("# no VM here\n/bin/false\n"), 0o600)
-	l, err := net.Listen("tcp", "127.0.0.1:0") // a free loopback port
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testkit.FreeAddrs(t, 1)[0] // below the ephemeral range: no client takes it first
 	cmd := exec.Command(bin, "--listen", addr, "--password-file", pw, "--qemu-args-file", args,
 		"--state-dir", filepath.Join(dir, "state"), "--quirk", "reject-mode", "--mac", "52:54:00:74:00:09")
 	var stderr strings.Builder
