@@ -631,7 +631,7 @@ func statusCmd(o *cliOpts) *cobra.Command {
 						}
 					}
 					for _, im := range st.Images {
-						row(tw, "Image:", im.ID, im.Name+" "+im.Version)
+						row(tw, "Image:", im.ID, im.Name+" "+im.Version, "on "+dash(strings.Join(im.Nodes, ",")))
 					}
 					if len(st.Failures) > 0 {
 						row(tw, "Failures:")
