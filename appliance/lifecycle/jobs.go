@@ -105,7 +105,7 @@ func (c *Controller) runWork(ctx context.Context, w bmcWork) {
 		}
 		if ctx.Err() != nil || !c.st.IsLeader() {
 			failed = errors.New("controller lost leadership or stopped")
-			c.finishJob(context.WithoutCancel(ctx), j, JobFailed, "not_leader", failed.Error())
+			c.finishJob(ctx, j, JobFailed, "not_leader", failed.Error())
 			continue
 		}
 		j, err := c.st.PutJob(ctx, setJob(j, JobRunning, "", ""), store.W{Actor: ActorController})
@@ -132,13 +132,15 @@ func (c *Controller) runWork(ctx context.Context, w bmcWork) {
 		cancel()
 		if err != nil {
 			failed = fmt.Errorf("%s: %w", j.Kind, err)
-			c.finishJob(context.WithoutCancel(ctx), j, JobFailed, ReasonBMCFailed, truncate(sanitize(err.Error()), 256))
+			c.finishJob(ctx, j, JobFailed, ReasonBMCFailed, truncate(sanitize(err.Error()), 256))
 			continue
 		}
 		c.finishJob(ctx, j, JobSucceeded, "", "")
 	}
 	if w.onDone != nil {
-		w.onDone(context.WithoutCancel(ctx), failed)
+		dctx, cancel := afterStop(ctx)
+		w.onDone(dctx, failed)
+		cancel()
 	}
 }
 
@@ -147,11 +149,14 @@ func setJob(j store.Job, state, reason, msg string) store.Job {
 	return j
 }
 
-// finishJob records j's end. The write is not abandoned when ctx ends (the
-// store's ApplyTimeout bounds it): a job the controller stops must end
-// failed, not stay pending or running.
+// finishJob records j's end. The write is not abandoned when ctx ends: a
+// job the controller stops must end failed, not stay pending or running.
+// It is given stopGrace after ctx ends (afterStop), so a node that stops
+// while it cannot commit (its peers gone) does not wait the store's
+// ApplyTimeout for every job of every sequence.
 func (c *Controller) finishJob(ctx context.Context, j store.Job, state, reason, msg string) {
-	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := afterStop(ctx)
+	defer cancel()
 	if _, err := c.st.PutJob(ctx, setJob(j, state, reason, msg), store.W{Actor: ActorController, Reason: reason}); err != nil {
 		c.logger().Warn("job update", "job", j.ID, "machine", j.Machine, "kind", j.Kind, "err", err)
 	}
@@ -366,4 +371,18 @@ func (b *inspectBackoff) clear(id string) {
 	b.mu.Lock()
 	delete(b.m, id)
 	b.mu.Unlock()
+}
+
+// stopGrace is how long a write that records an outcome (a job's end, a
+// power sequence's result) may still run once the controller's context has
+// ended.
+const stopGrace = 2 * time.Second
+
+// afterStop returns a context that outlives ctx by stopGrace: not cancelled
+// while ctx runs, cancelled stopGrace after ctx ends (or by the returned
+// cancel).
+func afterStop(ctx context.Context) (context.Context, context.CancelFunc) {
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(stopGrace, cancel) })
+	return wctx, func() { stop(); cancel() }
 }
