@@ -34,6 +34,7 @@
 //	DELETE /v1/images/{id}                                      admin
 //	GET    /v1/jobs[?machine=]  /v1/jobs/{id}                   viewer
 //	GET    /v1/events?after=CURSOR&limit=&wait=30s              viewer (long-poll)
+//	GET    /v1/leases[?consistent=true]                         viewer (this node's replica, one per address)
 //	POST   /v1/agent/register, GET /v1/agent/task, POST /v1/agent/report   agent
 //
 // Errors are {"error":{"code":"...","message":"...","field":"..."}} with the

@@ -311,6 +311,7 @@ func (s *Server) routes() {
 
 	s.clusterRoutes(admin, view) // cluster.go
 	s.backupRoutes(admin)        // backup.go
+	s.leaseRoutes(view)          // leases.go
 }
 
 // recoverPanics turns a handler panic into a 500 (logged, no stack to the client).

@@ -226,3 +226,9 @@ var (
 	_ api.ClusterBackend = (*apiBackend)(nil)
 	_ api.SiteKeyBackend = (*apiBackend)(nil)
 )
+
+// Leases is api.LeaseBackend: this node's replica's address view.
+func (b *apiBackend) Leases() (string, []store.Lease, error) {
+	ls, err := b.st.AddressLeases()
+	return b.st.NodeID(), ls, err
+}
