@@ -17,7 +17,7 @@ FUZZTIME     ?= 10s
 # A developer without them can run `make unit KILN_REQUIRE_ALL=0`.
 KILN_REQUIRE_ALL ?= 1
 
-.PHONY: help build test unit e2e bench fleet fuzz lint depcheck deps-check ci env demo demo-down deps clean
+.PHONY: help build test unit e2e e2e-ha bench fleet fuzz lint depcheck deps-check ci env demo demo-down deps clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -32,11 +32,15 @@ build: ## Build bin/kiln (appliance + CLI) and bin/kiln-agent (static)
 unit: ## Unit, protocol (netns) and VM component tests, with -race
 	KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) KILN_ENV_DIR=$(abspath build/env) $(GOTEST) -timeout $(TEST_TIMEOUT) ./...
 
-test: lint build env unit e2e ## Everything CI runs: lint, all tests (the env first, for VM tests), the end-to-end VM runs
+test: lint build env unit e2e e2e-ha ## Everything CI runs: lint, all tests (the env first, for VM tests), the end-to-end VM runs
 
 e2e: build env ## End to end: real VMs PXE-boot from Kiln to provisioned (BIOS and UEFI)
-	set -o pipefail; KILN_E2E=1 KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2E' ./deploy/lab/e2e/ 2>&1 | tee e2e.log | grep -E '^(e2e:|--- |=== RUN|ok|FAIL|PASS|panic)'
+	set -o pipefail; KILN_E2E=1 KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2E' -skip 'TestE2EHA' ./deploy/lab/e2e/ 2>&1 | tee e2e.log | grep -E '^(e2e:|--- |=== RUN|ok|FAIL|PASS|panic)'
 	@! grep -qE '^(--- FAIL|FAIL)' e2e.log
+
+e2e-ha: build env ## HA end to end: 3 nodes, 4 VMs; leader SIGKILL mid-build, a restart, a 30 s partition (prints one e2e-ha: line)
+	set -o pipefail; KILN_E2E=1 KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2EHA$$' ./deploy/lab/e2e/ 2>&1 | tee e2e-ha.log | grep -E '^(e2e-ha:|--- |=== RUN|ok|FAIL|PASS|panic)'
+	@! grep -qE '^(--- FAIL|FAIL)' e2e-ha.log
 
 bench: build env ## Benchmarks (bench: lines, a peer measured in the same run or "(no peer)"), one package at a time
 	set -o pipefail; KILN_BENCH=1 KILN_ENV_DIR=$(abspath $(ENV_OUT)) $(GO) test -p 1 -count=1 -timeout 30m -v -run 'TestBench' ./... 2>&1 | tee bench.log | grep -E '^(bench:|--- FAIL|FAIL)'
@@ -72,4 +76,4 @@ deps-check: ## Every command the scripts, build and tests call: on a fresh machi
 	$(GO) run ./deploy/scripts/pkgcheck
 
 clean: ## Remove build outputs
-	rm -rf $(BIN) build e2e.log bench.log
+	rm -rf $(BIN) build e2e.log e2e-ha.log bench.log
