@@ -642,7 +642,7 @@ const (
 // control follows the machines to the end and injects the faults.
 func (r *haRun) control(ctx context.Context, res *HAResult) error {
 	phase := phWaitBuild
-	var killedAt, cutAt time.Time
+	var killedAt, cutAt, rejoinedAt time.Time
 	lastLeaderCheck := time.Time{}
 	for {
 		if ctx.Err() != nil {
@@ -687,13 +687,17 @@ func (r *haRun) control(ctx context.Context, res *HAResult) error {
 			n := r.nodes[r.nodes0(res.KilledNode)]
 			if r.ready(ctx, n) {
 				r.say("%6.1fs restart: %s ready again (rejoined)", r.since(), n.id)
+				rejoinedAt = time.Now()
 				phase = phRestart
 			}
 		case phRestart:
 			if r.leader < 0 {
 				break
 			}
-			t := r.restartTarget()
+			if time.Since(rejoinedAt) < 5*time.Second {
+				break // let the restarted node take part first
+			}
+			t := r.restartTarget(r.nodes0(res.KilledNode))
 			mb := r.midBuildOrPending()
 			n := r.nodes[t]
 			res.RestartedNode, res.RestartedAt, res.RestartedBuild = n.id, r.since(), mb
@@ -723,11 +727,12 @@ func (r *haRun) control(ctx context.Context, res *HAResult) error {
 			r.leader = -1
 			phase = phHealed
 		case phHealed:
-			if time.Since(cutAt) >= r.o.Cut {
+			if left := r.o.Cut - time.Since(cutAt); left < 1500*time.Millisecond {
+				time.Sleep(left) // heal on time, not at the next tick
 				if err := r.net.heal(r.cut); err != nil {
 					return err
 				}
-				res.CutFor = time.Since(cutAt).Round(time.Second)
+				res.CutFor = time.Since(cutAt).Round(100 * time.Millisecond)
 				r.say("%6.1fs heal: %s reconnected after %s", r.since(), r.nodes[r.cut].id, res.CutFor)
 				r.cut = -1
 				phase = phDone
@@ -760,8 +765,9 @@ func (r *haRun) ready(ctx context.Context, n *haNode) bool {
 }
 
 // restartTarget picks the non-leader that served the boot of a VM now
-// mid-build (its last ACK's server), else any non-leader.
-func (r *haRun) restartTarget() int {
+// mid-build (its last ACK's server), else a non-leader other than avoid
+// (the node just restarted), else any non-leader.
+func (r *haRun) restartTarget(avoid int) int {
 	acks, _ := r.dhcp.ACKs()
 	server := map[string]string{}
 	for _, a := range acks {
@@ -775,6 +781,11 @@ func (r *haRun) restartTarget() int {
 			if n.ip == server[v.mac] && n.i != r.leader {
 				return n.i
 			}
+		}
+	}
+	for _, n := range r.nodes {
+		if n.i != r.leader && n.i != avoid {
+			return n.i
 		}
 	}
 	for _, n := range r.nodes {
@@ -872,6 +883,9 @@ func (r *haRun) pollMachines(ctx context.Context) {
 		cancel()
 		if err != nil {
 			continue
+		}
+		if m.Step != nil && (v.last.Step == nil || v.last.Step.Step != m.Step.Step || v.last.Step.Attempt != m.Step.Attempt) {
+			r.say("%6.1fs   %-18s step %s %s (attempt %d) %s", r.since(), v.name, m.Step.Step, m.Step.State, m.Step.Attempt, m.Step.Reason)
 		}
 		v.last = m
 		if v.settled() && v.settledAt.IsZero() {
@@ -1056,7 +1070,18 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 	sort.Strings(res.Dups)
 	res.DupAddrs = len(dups)
 
-	// The VMs: stop them, then read their disks.
+	// The VMs: a BIOS VM's reboot exits to its disk, whose boot sector
+	// prints diskMsg on the serial port; give it a little time; then stop
+	// them all and read their disks.
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		all := true
+		for _, v := range r.vms {
+			all = all && (v.spec.Firmware != "bios" || serialHas(filepath.Join(v.dir, "bmc"), diskMsg))
+		}
+		if all {
+			break
+		}
+	}
 	killNSProcs(r.net.lan, "qemu-system")
 	time.Sleep(300 * time.Millisecond)
 	last := r.t0

@@ -32,6 +32,10 @@ func TestE2EHA(t *testing.T) {
 	}
 	testreq.Root(t, "HA end-to-end VM test: network namespaces, tap devices")
 	o := HAOptions{Root: repoRoot(t), Work: filepath.Join(t.TempDir(), "ha"), Prefix: "kha", Out: logWriter{t}}
+	if w := os.Getenv("KILN_E2E_HA_WORK"); w != "" {
+		o.Work = w // kept after the run: node logs, serial logs, BMC state
+		_ = os.RemoveAll(w)
+	}
 	if p := os.Getenv("KILN_LAB_PREFIX"); p != "" {
 		o.Prefix = p + "h"
 	}
