@@ -3,7 +3,10 @@
 // BMC (ipmi_sim for IPMI, the virtual Redfish BMC for Redfish), PXE-boots from
 // Kiln, is inspected by the in-RAM agent, claimed, built (check, write,
 // verify, stage) and rebooted to its disk. The same Run serves `make e2e`
-// (deploy/lab/e2e tests) and `make demo` (deploy/lab/demo).
+// (deploy/lab/e2e tests) and `make demo` (deploy/lab/demo). RunHA (ha.go,
+// halab.go) is `make e2e-ha`: the same flow for four VMs against a site
+// cluster of three nodes, with a leader killed mid-build, a node restarted
+// and a partition, and every node checked at the end.
 package e2e
 
 import (

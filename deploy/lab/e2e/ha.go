@@ -48,21 +48,24 @@ type HAResult struct {
 	Provisioned int     // machines provisioned with their disk verified
 	Seconds     float64 // first power-on → last machine provisioned
 
-	KilledNode  string  // the leader that got SIGKILL
-	KilledAt    float64 // seconds after the first power-on
-	KilledBuild []string
-	NewLeader   string  // elected after the kill
-	ElectedIn   float64 // seconds from the kill to a new leader seen
+	KilledNode   string  // the leader that got SIGKILL
+	KilledAt     float64 // seconds after the first power-on
+	KilledBuild  []string
+	KilledServes []string // VMs whose agent registered with it
+	NewLeader    string   // elected after the kill
+	ElectedIn    float64  // seconds from the kill to a new leader seen
 
-	RestartedNode  string // the non-leader stopped with SIGTERM and started again
-	RestartedAt    float64
-	RestartedBuild []string // machines mid-build when it was stopped
+	RestartedNode   string // the non-leader stopped with SIGTERM and started again
+	RestartedAt     float64
+	RestartedBuild  []string // machines mid-build when it was stopped
+	RestartedServes []string // VMs whose agent registered with it
 
 	CutNode   string // the node partitioned from the others
 	CutAt     float64
 	CutFor    time.Duration
 	CutBuild  []string // machines not yet provisioned when the cut began
 	CutLeader bool     // the cut node was the leader
+	CutServes []string // VMs whose agent registered with it
 
 	AckedWrites int // writes the run saw acknowledged (all kinds)
 	LostWrites  int
@@ -667,7 +670,7 @@ func (r *haRun) control(ctx context.Context, res *HAResult) error {
 				n := r.nodes[r.leader]
 				n.stop(syscall.SIGKILL, 5*time.Second)
 				killedAt = time.Now()
-				res.KilledNode, res.KilledAt, res.KilledBuild = n.id, r.since(), mb
+				res.KilledNode, res.KilledAt, res.KilledBuild, res.KilledServes = n.id, r.since(), mb, r.servedBy(n)
 				r.say("%6.1fs FAULT: SIGKILL of the leader %s while %s mid-build", r.since(), n.id, strings.Join(mb, ", "))
 				r.leader = -1
 				phase = phDown
@@ -701,6 +704,7 @@ func (r *haRun) control(ctx context.Context, res *HAResult) error {
 			mb := r.midBuildOrPending()
 			n := r.nodes[t]
 			res.RestartedNode, res.RestartedAt, res.RestartedBuild = n.id, r.since(), mb
+			res.RestartedServes = r.servedBy(n)
 			r.say("%6.1fs FAULT: SIGTERM of %s (not the leader) while %s not yet provisioned", r.since(), n.id, strings.Join(mb, ", "))
 			n.stop(syscall.SIGTERM, 30*time.Second)
 			if err := n.start(); err != nil {
@@ -722,6 +726,7 @@ func (r *haRun) control(ctx context.Context, res *HAResult) error {
 			}
 			r.cut, cutAt = i, time.Now()
 			res.CutNode, res.CutAt, res.CutLeader, res.CutBuild = r.nodes[i].id, r.since(), true, r.midBuildOrPending()
+			res.CutServes = r.servedBy(r.nodes[i])
 			r.say("%6.1fs FAULT: partition: the leader %s cut off from the other nodes for %s (%s not yet provisioned)",
 				r.since(), r.nodes[i].id, r.o.Cut, strings.Join(res.CutBuild, ", "))
 			r.leader = -1
@@ -764,21 +769,17 @@ func (r *haRun) ready(ctx context.Context, n *haNode) bool {
 	return n.waitReady(c, time.Second) == nil
 }
 
-// restartTarget picks the non-leader that served the boot of a VM now
-// mid-build (its last ACK's server), else a non-leader other than avoid
-// (the node just restarted), else any non-leader.
+// restartTarget picks the non-leader whose boot a VM now mid-build is
+// running (its agent's console says which node it registered with), else
+// a non-leader other than avoid (the node just restarted), else any
+// non-leader.
 func (r *haRun) restartTarget(avoid int) int {
-	acks, _ := r.dhcp.ACKs()
-	server := map[string]string{}
-	for _, a := range acks {
-		server[a.MAC] = a.Server
-	}
 	for _, v := range r.vms {
 		if !v.midBuild() {
 			continue
 		}
 		for _, n := range r.nodes {
-			if n.ip == server[v.mac] && n.i != r.leader {
+			if n.i != r.leader && serialHas(filepath.Join(v.dir, "bmc"), "registered with http://"+n.ip+":8080") {
 				return n.i
 			}
 		}
@@ -794,6 +795,17 @@ func (r *haRun) restartTarget(avoid int) int {
 		}
 	}
 	return 0
+}
+
+// servedBy names the VMs whose agent registered with node n.
+func (r *haRun) servedBy(n *haNode) []string {
+	var out []string
+	for _, v := range r.vms {
+		if serialHas(filepath.Join(v.dir, "bmc"), "registered with http://"+n.ip+":8080") {
+			out = append(out, v.name)
+		}
+	}
+	return out
 }
 
 func (r *haRun) midBuild() []string {

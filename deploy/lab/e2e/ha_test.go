@@ -56,10 +56,12 @@ func TestE2EHA(t *testing.T) {
 		t.Logf("%s (%s, %s/%s): %s (%s) in %.1f s, lease %s, %d ACKs, disk ok %v, cidata %v, boot sector ran %v",
 			m.Name, m.ID, m.Firmware, m.BMC, m.State, m.Reason, m.Seconds, m.IP, m.ACKs, m.DiskOK, m.Cidata, m.DiskBooted)
 	}
-	t.Logf("leader %s killed at %.1f s (mid-build: %s), new leader %s in %.1f s", r.KilledNode, r.KilledAt,
+	t.Logf("leader %s (agents of %v) killed at %.1f s (mid-build: %s), new leader %s in %.1f s", r.KilledNode, r.KilledServes, r.KilledAt,
 		strings.Join(r.KilledBuild, ", "), r.NewLeader, r.ElectedIn)
-	t.Logf("non-leader %s restarted (SIGTERM) at %.1f s (not yet provisioned: %s)", r.RestartedNode, r.RestartedAt, strings.Join(r.RestartedBuild, ", "))
-	t.Logf("leader %s partitioned at %.1f s for %s (not yet provisioned: %s)", r.CutNode, r.CutAt, r.CutFor, strings.Join(r.CutBuild, ", "))
+	t.Logf("non-leader %s (agents of %v) restarted (SIGTERM) at %.1f s (not yet provisioned: %s)", r.RestartedNode, r.RestartedServes,
+		r.RestartedAt, strings.Join(r.RestartedBuild, ", "))
+	t.Logf("leader %s (agents of %v) partitioned at %.1f s for %s (not yet provisioned: %s)", r.CutNode, r.CutServes, r.CutAt, r.CutFor,
+		strings.Join(r.CutBuild, ", "))
 	t.Logf("%d acknowledged writes, %d DHCPACKs and %d NAKs on the bridge; whole run %.1f s", r.AckedWrites, r.ACKs, r.NAKs, time.Since(start).Seconds())
 	fmt.Println(r.Line())
 	for _, p := range r.Problems {

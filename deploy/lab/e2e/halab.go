@@ -26,10 +26,14 @@ import (
 //	netns P-lan br0 ├── tap0..tap3 (qemu)      br1 (vbmc, ipmi_sim listen on its addresses)
 //
 // Raft and the forward RPC run between the nodes' 10.99.0.N addresses on
-// the provisioning bridge itself. A partition of node N is a blackhole
-// route (ip-route(8)) in N's namespace for each other node's address and
-// one in theirs for N's: IP traffic between the nodes is dropped, in both
-// directions, while every node still shares the wire with the VMs.
+// the provisioning bridge itself. A partition of node N poisons the
+// neighbour tables (ip-neighbour(8)): in N's namespace every other node's
+// address is pinned (nud permanent) to an Ethernet address nobody has, and
+// in theirs N's address is. Every IP packet between N and the others then
+// goes to nobody and is lost silently, in both directions, as on a cut
+// cable (a blackhole or prohibit route would refuse at once instead, which
+// no real partition does), while every node still shares the wire with the
+// VMs and answers them.
 
 // haNet is the lab's namespaces.
 type haNet struct {
@@ -90,19 +94,30 @@ func setupHANet(prefix string, nodes, vms int) (*haNet, error) {
 	return n, nil
 }
 
-// partition cuts node i off from every other node (blackhole routes both
-// ways); heal undoes it.
-func (n *haNet) partition(i int) error { return n.routes(i, "add") }
-func (n *haNet) heal(i int) error      { return n.routes(i, "del") }
+// nowhereMAC is the Ethernet address a partition pins the cut-off peers
+// to: locally administered, on no interface of the lab.
+const nowhereMAC = "02:00:00:de:ad:01"
 
-func (n *haNet) routes(i int, verb string) error {
+// partition cuts node i off from every other node (both ways); heal
+// restores it (the entries are deleted and ARP resolves them again).
+func (n *haNet) partition(i int) error {
+	return n.neigh(i, func(ns, ip string) []string {
+		return []string{"-n", ns, "neigh", "replace", ip, "lladdr", nowhereMAC, "nud", "permanent", "dev", "srv0"}
+	})
+}
+
+func (n *haNet) heal(i int) error {
+	return n.neigh(i, func(ns, ip string) []string { return []string{"-n", ns, "neigh", "del", ip, "dev", "srv0"} })
+}
+
+func (n *haNet) neigh(i int, args func(ns, ip string) []string) error {
 	var first error
 	for j := range n.nodes {
 		if j == i {
 			continue
 		}
 		for _, r := range [][2]string{{n.nodes[i], haNodeIP(j)}, {n.nodes[j], haNodeIP(i)}} {
-			if err := ipCmd("-n", r[0], "route", verb, "blackhole", r[1]+"/32"); err != nil && first == nil {
+			if err := ipCmd(args(r[0], r[1])...); err != nil && first == nil {
 				first = err
 			}
 		}
