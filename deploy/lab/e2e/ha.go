@@ -700,12 +700,18 @@ func (r *haRun) control(ctx context.Context, res *HAResult) error {
 			if time.Since(rejoinedAt) < 5*time.Second {
 				break // let the restarted node take part first
 			}
+			mb := r.midBuild()
+			if len(mb) == 0 && time.Since(rejoinedAt) < 30*time.Second && !r.allSettled() {
+				break // wait (a while) for a VM mid-build
+			}
+			if len(mb) == 0 {
+				mb = r.midBuildOrPending()
+			}
 			t := r.restartTarget(r.nodes0(res.KilledNode))
-			mb := r.midBuildOrPending()
 			n := r.nodes[t]
 			res.RestartedNode, res.RestartedAt, res.RestartedBuild = n.id, r.since(), mb
 			res.RestartedServes = r.servedBy(n)
-			r.say("%6.1fs FAULT: SIGTERM of %s (not the leader) while %s not yet provisioned", r.since(), n.id, strings.Join(mb, ", "))
+			r.say("%6.1fs FAULT: SIGTERM of %s (not the leader; agents of %v registered with it) while %s", r.since(), n.id, r.servedBy(n), strings.Join(mb, ", "))
 			n.stop(syscall.SIGTERM, 30*time.Second)
 			if err := n.start(); err != nil {
 				return err
@@ -1072,8 +1078,14 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 	}
 	now := time.Now()
 	for _, a := range acks {
-		if a.At.Add(a.Lease).After(now) && held[a.IP] != a.MAC {
-			dups[a.IP] = fmt.Sprintf("ACKed to %s by %s at %s, but the store's live holder is %q", a.MAC, a.Server, a.At.Format(time.RFC3339), held[a.IP])
+		if !a.At.Add(a.Lease).After(now) || held[a.IP] == a.MAC {
+			continue
+		}
+		if h := held[a.IP]; h != "" {
+			dups[a.IP] = fmt.Sprintf("ACKed to %s by %s at %s, but the store's live holder is %s", a.MAC, a.Server, a.At.Format(time.RFC3339), h)
+		} else {
+			problem("%s ACKed to %s by %s at %s for %s has no live binding in the store (an ACK not backed by a commit)",
+				a.IP, a.MAC, a.Server, a.At.Format(time.RFC3339), a.Lease)
 		}
 	}
 	for ip, why := range dups {
