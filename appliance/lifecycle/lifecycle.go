@@ -64,6 +64,7 @@ type Controller struct {
 	jobs    *jobQueue        // jobs.go
 	backoff inspectBackoff   // jobs.go
 	guard   bootGuard        // bootguard.go
+	cw      claimWakes       // claimwake.go
 	disc    discoveryLimiter // discovery.go
 	steps   stepTimer        // agent.go
 	uploads uploadSet        // catalog.go
@@ -136,6 +137,9 @@ func (c *Controller) Run(ctx context.Context, log *slog.Logger) error {
 func (c *Controller) Tick(ctx context.Context) error {
 	var errs []error
 	if err := c.checkDeadlines(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.checkClaimWakes(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	if c.cfg.Inspection == InspectAuto && c.bmc != nil {

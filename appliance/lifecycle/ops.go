@@ -56,9 +56,13 @@ func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w
 	return m, nil
 }
 
-// wakeForClaim PXE-boots a claimed machine whose agent is not running.
+// wakeForClaim PXE-boots a claimed machine whose agent is not running. On
+// a node of a cluster of several it does nothing: the agent may be polling
+// another node (this node's memory cannot tell), and only the leader runs
+// BMC jobs; the leader's loop wakes the machine if no agent takes the
+// claim within AgentStaleAfter (checkClaimWakes, claimwake.go).
 func (c *Controller) wakeForClaim(ctx context.Context, m store.Machine) {
-	if m.BMC == "" || c.bmc == nil || c.agentAlive(m.ID) {
+	if m.BMC == "" || c.bmc == nil || c.agentAlive(m.ID) || c.multiNode() {
 		return
 	}
 	id := m.ID

@@ -1,0 +1,92 @@
+package lifecycle
+
+import (
+	"strings"
+	"testing"
+
+	"kiln/api/agentapi"
+	"kiln/store"
+)
+
+// threeNodes is the real store as one node of a three-node site cluster
+// sees itself (store.Store.NodeIDs lists every node).
+type threeNodes struct{ *store.Store }
+
+func (threeNodes) NodeIDs() ([]string, error) { return []string{"kiln-a", "kiln-b", "kiln-c"}, nil }
+
+// TestClaimWakeInCluster: on a node of a cluster of several, a claim does
+// not power the machine at once, even through the leader, whose memory
+// does not hold an agent that polls another node (e2e-ha saw that power
+// cycle reboot a VM idling in "task wait" on another node, racing the
+// agent for the build). The leader's loop PXE-boots a claimed machine
+// that no agent has taken within AgentStaleAfter, once; one whose agent
+// (on the other node) took the claim is left alone.
+func TestClaimWakeInCluster(t *testing.T) {
+	st := threeNodes{newStore(t)}
+	h := newHarness(t, st, nil)     // the leader, where the claims land
+	other := newHarness(t, st, nil) // another node: the live agent polls it
+	other.clk = h.clk               // (one site clock)
+	other.c.cfg.Now = h.clk.Now
+	img := h.image("img.raw")
+	alive := availableOn(t, st, "alive", "02:00:00:00:e0:01")
+	dead := availableOn(t, st, "dead", "02:00:00:00:e0:02")
+	for _, m := range []store.Machine{alive, dead} {
+		if _, err := h.c.EnrollBMC(bg, m.ID, store.BMC{Address: "10.99.1.10:623", Driver: "ipmi", Username: "admin"}, "pw", store.W{Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := other.c.AgentRegister(bg, alive.ID, agentapi.Registration{Inventory: inventory(alive)})
+	must(t, err)
+	for _, m := range []store.Machine{alive, dead} {
+		_, err := h.c.Provision(bg, m.ID, store.Claim{Image: img.ID}, store.W{Actor: "capi"})
+		must(t, err)
+	}
+	must(t, h.c.Tick(bg))
+	for _, m := range []store.Machine{alive, dead} {
+		if got := jobKinds(t, st.Store, m.ID); len(got) != 0 {
+			t.Fatalf("%s: jobs %v right after the claim; want none (its agent may be on another node)", m.Name, got)
+		}
+	}
+	// The live agent polls its node and takes the claim.
+	task, err := other.c.AgentTask(bg, alive.ID)
+	must(t, err)
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("alive's task %+v, want provision", task)
+	}
+	h.clk.Advance(h.c.cfg.AgentStaleAfter / 2)
+	must(t, h.c.Tick(bg))
+	if got := jobKinds(t, st.Store, dead.ID); len(got) != 0 {
+		t.Fatalf("dead woken after %s: %v (want AgentStaleAfter %s)", h.c.cfg.AgentStaleAfter/2, got, h.c.cfg.AgentStaleAfter)
+	}
+	h.clk.Advance(h.c.cfg.AgentStaleAfter/2 + 1)
+	must(t, h.c.Tick(bg))
+	if got := strings.Join(jobKinds(t, st.Store, dead.ID), ","); got != "boot_pxe pending,power_cycle pending" {
+		t.Fatalf("dead's jobs after AgentStaleAfter: %q, want boot_pxe and power_cycle", got)
+	}
+	if got := jobKinds(t, st.Store, alive.ID); len(got) != 0 {
+		t.Fatalf("alive (building through the other node) got jobs %v", got)
+	}
+	h.mustState(alive.ID, store.StateProvisioning)
+	// Once per claim: later ticks queue nothing more.
+	h.clk.Advance(3 * h.c.cfg.AgentStaleAfter)
+	must(t, h.c.Tick(bg))
+	if got := jobKinds(t, st.Store, dead.ID); len(got) != 2 {
+		t.Fatalf("dead's jobs after more ticks: %v, want the same two", got)
+	}
+}
+
+// TestClaimWakeOneNode: a node alone still PXE-boots a claimed machine
+// whose agent it has not heard at once (its memory covers every agent).
+func TestClaimWakeOneNode(t *testing.T) {
+	st := newStore(t)
+	h := newHarness(t, st, nil)
+	img := h.image("img.raw")
+	m := availableOn(t, st, "solo", "02:00:00:00:e0:03")
+	_, err := h.c.EnrollBMC(bg, m.ID, store.BMC{Address: "10.99.1.10:623", Driver: "ipmi", Username: "admin"}, "pw", store.W{Actor: "t"})
+	must(t, err)
+	_, err = h.c.Provision(bg, m.ID, store.Claim{Image: img.ID}, store.W{Actor: "capi"})
+	must(t, err)
+	if got := strings.Join(jobKinds(t, st, m.ID), ","); got != "boot_pxe pending,power_cycle pending" {
+		t.Fatalf("jobs right after the claim on a single node: %q", got)
+	}
+}
