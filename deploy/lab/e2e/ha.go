@@ -89,6 +89,7 @@ type HAMachine struct {
 	DiskProblem   string
 	Cidata        bool
 	DiskBooted    bool // BIOS: its image's boot sector ran from the disk
+	AgentBoots    int  // times the in-RAM agent started on it (1: no needless power cycle, no restarted build)
 	Seconds       float64
 }
 
@@ -1138,6 +1139,10 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 		if v.spec.Firmware == "bios" {
 			hm.DiskBooted = serialHas(filepath.Join(v.dir, "bmc"), diskMsg)
 		}
+		hm.AgentBoots = serialCount(filepath.Join(v.dir, "bmc"), agentStart)
+		if hm.AgentBoots != 1 {
+			problem("%s: the in-RAM agent started %d times, want 1 (a power cycle of a machine whose agent was alive, or a restarted build)", v.name, hm.AgentBoots)
+		}
 		var err error
 		if hm.DiskProblem, err = checkDisk(v.disk, r.img); err != nil {
 			return err
@@ -1175,6 +1180,21 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 		problem("%d addresses held by two machines: %s", res.DupAddrs, strings.Join(res.Dups, "; "))
 	}
 	return nil
+}
+
+// agentStart is what the in-RAM environment's /init prints as it starts the agent.
+const agentStart = "kiln-init: starting kiln-agent"
+
+// serialCount counts the occurrences of marker in the serial logs in dir.
+func serialCount(dir, marker string) int {
+	n := 0
+	logs, _ := filepath.Glob(filepath.Join(dir, "serial*.log"))
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil {
+			n += strings.Count(string(b), marker)
+		}
+	}
+	return n
 }
 
 // serialHas reports whether any serial log in dir contains marker.

@@ -25,7 +25,8 @@ import (
 // (reason booted_local_disk) and its disk as the build must leave it,
 // every acknowledged write and every event read during the run present,
 // the same live leases; and on the wire: no address ACKed to two clients
-// for overlapping leases, and every live ACK the store's holder.
+// for overlapping leases, and every live ACK the store's holder; and every
+// VM's agent started once (no needless power cycle, no restarted build).
 func TestE2EHA(t *testing.T) {
 	if os.Getenv("KILN_E2E") == "" {
 		t.Skip("HA end-to-end VM test: run it with `make e2e-ha` (sets KILN_E2E=1; needs root, qemu, the built env)")
@@ -53,8 +54,8 @@ func TestE2EHA(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range r.Machines {
-		t.Logf("%s (%s, %s/%s): %s (%s) in %.1f s, lease %s, %d ACKs, disk ok %v, cidata %v, boot sector ran %v",
-			m.Name, m.ID, m.Firmware, m.BMC, m.State, m.Reason, m.Seconds, m.IP, m.ACKs, m.DiskOK, m.Cidata, m.DiskBooted)
+		t.Logf("%s (%s, %s/%s): %s (%s) in %.1f s, lease %s, %d ACKs, agent booted %d×, disk ok %v, cidata %v, boot sector ran %v",
+			m.Name, m.ID, m.Firmware, m.BMC, m.State, m.Reason, m.Seconds, m.IP, m.ACKs, m.AgentBoots, m.DiskOK, m.Cidata, m.DiskBooted)
 	}
 	t.Logf("leader %s (agents of %v) killed at %.1f s (mid-build: %s), new leader %s in %.1f s", r.KilledNode, r.KilledServes, r.KilledAt,
 		strings.Join(r.KilledBuild, ", "), r.NewLeader, r.ElectedIn)
