@@ -85,8 +85,9 @@ var transitionsV2 = map[MachineState][]MachineState{
 //   - remediating → provisioned (a power cycle repaired it), inspecting
 //     (the reinspect step), erasing (declared failed: erase before rma),
 //     rma, failed (the ladder was stopped by an operator);
-//   - inspecting → erasing (the reinspect found a changed part: erase
-//     before rma while the agent runs), inspecting → rma;
+//   - inspecting, provisioning → erasing (declared failed during the
+//     reinspect or the reprovision: erase before rma while the agent runs),
+//     inspecting → rma;
 //   - available, provisioned, provisioning, failed, quarantined, erasing → rma;
 //   - rma → inspecting (back from repair), erasing, retired.
 var transitionsV3 = map[MachineState][]MachineState{
@@ -94,7 +95,7 @@ var transitionsV3 = map[MachineState][]MachineState{
 	StateRegistered:   {StateInspecting, StateRetired},
 	StateInspecting:   {StateAvailable, StateQuarantined, StateFailed, StateErasing, StateRMA},
 	StateAvailable:    {StateProvisioning, StateInspecting, StateErasing, StateRetired, StateRMA},
-	StateProvisioning: {StateProvisioned, StateFailed, StateRMA},
+	StateProvisioning: {StateProvisioned, StateFailed, StateErasing, StateRMA},
 	StateProvisioned:  {StateErasing, StateFailed, StateRemediating, StateRMA},
 	StateFailed:       {StateInspecting, StateErasing, StateRetired, StateRemediating, StateRMA},
 	StateQuarantined:  {StateInspecting, StateErasing, StateRetired, StateRMA},

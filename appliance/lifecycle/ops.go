@@ -105,6 +105,14 @@ func (c *Controller) ClaimMachines(ctx context.Context, role string, labels map[
 		for i := range picked {
 			claim := cl
 			claim.Role = role
+			if len(labels) > 0 {
+				// The selector is kept: a spare that replaces this machine
+				// must match it (spares.go).
+				claim.Selector = make(map[string]string, len(labels))
+				for k, v := range labels {
+					claim.Selector[k] = v
+				}
+			}
 			picked[i].Claim = &claim
 		}
 		out, err := c.st.PutMachines(ctx, picked, w)
