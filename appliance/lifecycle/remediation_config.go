@@ -83,7 +83,7 @@ type RemediationConfig struct {
 	NoEraseBeforeRMA bool
 	// BrakeWindow is the window failures are counted in; BrakeRack,
 	// BrakeClaim and BrakeSite the thresholds per scope.
-	BrakeWindow                     time.Duration
+	BrakeWindow                      time.Duration
 	BrakeRack, BrakeClaim, BrakeSite BrakeThreshold
 	// SparesLow is the spare count per hardware class at or below which a
 	// spares_low event is recorded (and kiln_spares_low_threshold tells the
