@@ -193,3 +193,11 @@ func (r *RemediationConfig) Validate() error {
 	}
 	return nil
 }
+
+// CheckRemediation is Validate of r with the defaults applied (the
+// appliance's config check: the same rules New applies).
+func CheckRemediation(r RemediationConfig) error {
+	c := Config{AgentHeartbeat: DefaultAgentHeartbeat, HeartbeatRecordEvery: DefaultHeartbeatRecordEvery}
+	r.applyDefaults(&c)
+	return r.Validate()
+}
