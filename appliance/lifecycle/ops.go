@@ -47,6 +47,7 @@ func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w
 		}
 		claim := cl
 		m.Claim = &claim
+		clearConditions(m, store.HealthSourceOwner, store.HealthSourceKiln) // about an earlier claim
 		return nil
 	})
 	if err != nil {
@@ -114,6 +115,7 @@ func (c *Controller) ClaimMachines(ctx context.Context, role string, labels map[
 				}
 			}
 			picked[i].Claim = &claim
+			clearConditions(&picked[i], store.HealthSourceOwner, store.HealthSourceKiln) // about an earlier claim
 		}
 		out, err := c.st.PutMachines(ctx, picked, w)
 		if errors.Is(err, store.ErrConflict) {
@@ -217,6 +219,7 @@ func (c *Controller) startErase(ctx context.Context, op, id string, from []store
 		}
 		m.State = store.StateErasing
 		m.Claim = nil
+		clearConditions(m, store.HealthSourceOwner) // the owner's conditions end with its claim
 		m.Step = pendingStep(agentapi.StepErase, now, now.Add(c.cfg.BootTimeout))
 		return nil
 	})

@@ -357,3 +357,27 @@ func TestBrakeClaimScopeAndWindow(t *testing.T) {
 	}
 	f.mustState(f.ids[4], store.StateProvisioned)
 }
+
+// An owner's conditions end with its claim: a machine released while its
+// owner said Critical is not repaired under its next claim.
+func TestOwnerConditionsEndWithTheClaim(t *testing.T) {
+	f := newRemFleet(t, 1, 1, 0, func(c *Config) { c.Remediation.Mode = RemediateOff })
+	a := f.ids[0]
+	f.critical(a, "old tenant's node is broken")
+	m, err := f.c.Release(bg, a, store.W{Actor: "api:alice"})
+	must(t, err)
+	if len(m.Health) != 0 {
+		t.Fatalf("health after release: %+v", m.Health)
+	}
+	f.idle()
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateStarted}))
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateSucceeded}))
+	f.mustState(a, store.StateAvailable)
+	_, err = f.c.Provision(bg, a, store.Claim{Image: f.img.ID, Role: "next"}, store.W{Actor: "api:bob"})
+	must(t, err)
+	f.idle()
+	f.build(a)
+	f.c.cfg.Remediation.Mode = RemediateAuto
+	f.tick(time.Second)
+	f.mustState(a, store.StateProvisioned)
+}
