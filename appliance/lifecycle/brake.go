@@ -77,49 +77,66 @@ func over(t BrakeThreshold, n, total int) bool {
 	return t.MaxPercent > 0 && n >= max(t.MinFailures, 1) && total > 0 && float64(n)*100 > t.MaxPercent*float64(total)
 }
 
-// countFailure counts machine m's failure (why) in the brake record,
-// dropping failures older than BrakeWindow, and engages the brake when a
-// scope's failures exceed its threshold. It returns the record as written
-// and whether the brake is engaged. A machine already counted within the
-// window is not counted twice.
-func (c *Controller) countFailure(ctx context.Context, m store.Machine, f fleet, why string) (store.RepairBrake, bool, error) {
+// failed is one machine a tick found failing, with why.
+type failed struct {
+	m   store.Machine
+	why string
+}
+
+// countFailures counts the failures fs (one tick's, all at once, so a
+// mass failure is judged whole before any repair starts) in the brake
+// record, dropping failures older than BrakeWindow, and engages the brake
+// when a scope's failures exceed its threshold. It returns whether the
+// brake is engaged. A machine already counted within the window is not
+// counted twice.
+func (c *Controller) countFailures(ctx context.Context, fs []failed, f fleet) (bool, error) {
 	rc := c.cfg.Remediation
 	for attempt := 0; attempt < maxCASRetries; attempt++ {
 		b, err := c.brake()
 		if err != nil {
-			return b, false, err
+			return false, err
 		}
 		if b.Engaged {
-			return b, true, nil
+			return true, nil
 		}
 		now := c.now()
 		var keep []store.RepairFailure
-		seen := false
+		seen := map[string]bool{}
 		for _, x := range b.Failures {
 			if now.Sub(x.At) <= rc.BrakeWindow {
 				keep = append(keep, x)
-				seen = seen || x.Machine == m.ID
+				seen[x.Machine] = true
 			}
 		}
-		if seen {
-			return b, false, nil
+		var added []store.RepairFailure
+		for _, x := range fs {
+			if seen[x.m.ID] {
+				continue
+			}
+			seen[x.m.ID] = true
+			role := ""
+			if x.m.Claim != nil {
+				role = x.m.Claim.Role
+			}
+			added = append(added, store.RepairFailure{Machine: x.m.ID, Rack: x.m.Rack, Claim: role, At: now, Why: truncate(x.why, 256)})
 		}
-		role := ""
-		if m.Claim != nil {
-			role = m.Claim.Role
+		if len(added) == 0 {
+			return false, nil
 		}
-		keep = append(keep, store.RepairFailure{Machine: m.ID, Rack: m.Rack, Claim: role, At: now, Why: truncate(why, 256)})
+		keep = append(keep, added...)
 		b.Failures = keep
-		var nRack, nRole int
+		nRack, nRole := map[string]int{}, map[string]int{}
 		for _, x := range keep {
-			if m.Rack != "" && x.Rack == m.Rack {
-				nRack++
+			if x.Rack != "" {
+				nRack[x.Rack]++
 			}
-			if m.Claim != nil && x.Claim == role {
-				nRole++
-			}
+			nRole[x.Claim]++
 		}
-		w := store.W{Actor: ActorRemediation, Reason: ReasonFailureCounted, Message: m.ID + ": " + truncate(why, 200)}
+		msg := added[0].Machine + ": " + truncate(added[0].Why, 200)
+		if len(added) > 1 {
+			msg = fmt.Sprintf("%d machines failed: %s and %d more", len(added), msg, len(added)-1)
+		}
+		w := store.W{Actor: ActorRemediation, Reason: ReasonFailureCounted, Message: msg}
 		trip := func(scope, key string, n, total int, t BrakeThreshold) {
 			if b.Engaged {
 				return
@@ -135,11 +152,15 @@ func (c *Controller) countFailure(ctx context.Context, m store.Machine, f fleet,
 				n, total, what, rc.BrakeWindow, t.MaxFailures, t.MaxPercent, t.MinFailures)
 			w = store.W{Actor: ActorRemediation, Reason: ReasonBrakeEngaged, Message: b.Message}
 		}
-		if m.Rack != "" && over(rc.BrakeRack, nRack, f.rack[m.Rack]) {
-			trip(ScopeRack, m.Rack, nRack, f.rack[m.Rack], rc.BrakeRack)
+		for _, x := range added {
+			if x.Rack != "" && over(rc.BrakeRack, nRack[x.Rack], f.rack[x.Rack]) {
+				trip(ScopeRack, x.Rack, nRack[x.Rack], f.rack[x.Rack], rc.BrakeRack)
+			}
 		}
-		if m.Claim != nil && over(rc.BrakeClaim, nRole, f.role[role]) {
-			trip(ScopeClaim, role, nRole, f.role[role], rc.BrakeClaim)
+		for _, x := range added {
+			if x.Claim != "" && over(rc.BrakeClaim, nRole[x.Claim], f.role[x.Claim]) {
+				trip(ScopeClaim, x.Claim, nRole[x.Claim], f.role[x.Claim], rc.BrakeClaim)
+			}
 		}
 		if over(rc.BrakeSite, len(keep), f.claimed) {
 			trip(ScopeSite, "", len(keep), f.claimed, rc.BrakeSite)
@@ -149,15 +170,15 @@ func (c *Controller) countFailure(ctx context.Context, m store.Machine, f fleet,
 			continue
 		}
 		if err != nil {
-			return b, false, fmt.Errorf("lifecycle: brake: %w", err)
+			return false, fmt.Errorf("lifecycle: brake: %w", err)
 		}
 		if out.Engaged {
 			c.logger().Error("remediation brake engaged", "scope", out.Scope, "key", out.Key, "message", out.Message)
 		}
 		c.setBrakeGauge(out)
-		return out, out.Engaged, nil
+		return out.Engaged, nil
 	}
-	return store.RepairBrake{}, false, fmt.Errorf("lifecycle: brake: gave up after %d conflicting writes", maxCASRetries)
+	return false, fmt.Errorf("lifecycle: brake: gave up after %d conflicting writes", maxCASRetries)
 }
 
 // setBrakeGauge exports b: kiln_remediation_brake_engaged{scope} is 1 for

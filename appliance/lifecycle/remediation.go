@@ -146,11 +146,12 @@ func failure(m store.Machine) (why string, since time.Time) {
 }
 
 // remediate is the ladder's pass of Tick (leader only): it exports the
-// brake and the spare pools, and, unless the brake is engaged, hands
+// brake and the spare pools; counts this tick's newly failed machines in
+// the brake, all at once; and, unless the brake is (then) engaged, hands
 // waiting claims to spares, advances every running ladder and starts one
-// for every newly failed machine, counting each in the brake first. A
-// machine in maintenance is skipped. Remediation mode off starts nothing
-// (running ladders and spares still go on).
+// for every newly failed machine. A machine in maintenance is skipped.
+// Remediation mode off starts nothing (running ladders and spares still
+// go on).
 func (c *Controller) remediate(ctx context.Context) error {
 	all, err := c.listAll(store.ListOptions{})
 	if err != nil {
@@ -168,6 +169,30 @@ func (c *Controller) remediate(ctx context.Context) error {
 	sort.Slice(all, func(i, j int) bool { return all[i].ID < all[j].ID })
 	f := fleetOf(all)
 	var errs []error
+	// This tick's new failures are judged first and together: a mass
+	// failure engages the brake before any machine is touched, and once it
+	// is engaged nothing moves in this pass either.
+	var fresh, counted []failed
+	for _, m := range all {
+		if m.Maintenance != nil || active(m) || c.cfg.Remediation.Mode != RemediateAuto {
+			continue
+		}
+		if why, since := failure(m); why != "" {
+			fresh = append(fresh, failed{m, why})
+			if since.After(b.ResumedAt) {
+				counted = append(counted, failed{m, why})
+			}
+		}
+	}
+	if len(counted) > 0 {
+		engaged, err := c.countFailures(ctx, counted, f)
+		if err != nil {
+			return err
+		}
+		if engaged {
+			return nil // halted until a person resumes
+		}
+	}
 	for _, m := range all {
 		if m.Maintenance != nil {
 			continue
@@ -181,27 +206,10 @@ func (c *Controller) remediate(ctx context.Context) error {
 			if err := c.advance(ctx, m); err != nil {
 				errs = append(errs, err)
 			}
-			continue
 		}
-		if c.cfg.Remediation.Mode != RemediateAuto {
-			continue
-		}
-		why, since := failure(m)
-		if why == "" {
-			continue
-		}
-		if since.After(b.ResumedAt) {
-			nb, engaged, err := c.countFailure(ctx, m, f, why)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if engaged {
-				_ = nb
-				return errors.Join(errs...) // halted: nothing more this pass, nor until resumed
-			}
-		}
-		if _, err := c.startLadder(ctx, m.ID, why, StepPowerCycle, true); err != nil {
+	}
+	for _, x := range fresh {
+		if _, err := c.startLadder(ctx, x.m.ID, x.why, StepPowerCycle, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
