@@ -381,3 +381,46 @@ func TestOwnerConditionsEndWithTheClaim(t *testing.T) {
 	f.tick(time.Second)
 	f.mustState(a, store.StateProvisioned)
 }
+
+// Kiln's own signal: an agent in a running step whose record is not
+// refreshed for AgentSilentAfter gets agent_silent (Warning), once; a
+// power action whose agent never reports gets boot_missing (Critical).
+func TestAgentSilentAndBootMissing(t *testing.T) {
+	f := newRemFleet(t, 0, 1, 2, func(c *Config) { c.Remediation.Mode = RemediateOff })
+	s, s2 := f.spares[0], f.spares[1]
+	_, err := f.c.Provision(bg, s, store.Claim{Image: f.img.ID}, store.W{Actor: "api:alice"})
+	must(t, err)
+	task, err := f.c.AgentTask(bg, s)
+	must(t, err)
+	must(t, f.c.AgentReport(bg, s, agentapi.Report{Step: "check", State: agentapi.StateSucceeded, Attempt: task.Attempt}))
+	must(t, f.c.AgentReport(bg, s, agentapi.Report{Step: "write", State: agentapi.StateStarted, Attempt: task.Attempt}))
+	must(t, f.c.AgentReport(bg, s, agentapi.Report{Step: "write", State: agentapi.StateRunning, Attempt: task.Attempt}))
+	f.tick(f.c.cfg.Remediation.AgentSilentAfter + time.Second)
+	n := 0
+	for _, h := range f.get(s).Health {
+		if h.Type == CondAgentSilent && h.Status == store.HealthWarning && h.Source == store.HealthSourceKiln {
+			n++
+		}
+	}
+	if n != 1 || f.get(s).State != store.StateProvisioning {
+		t.Fatalf("agent_silent: %+v", f.get(s).Health)
+	}
+	idx := f.st.LastEventIndex()
+	f.tick(time.Minute)
+	if f.st.LastEventIndex() != idx {
+		t.Fatal("agent_silent recorded twice")
+	}
+	// s2: inspected by hand, its agent never boots.
+	_, err = f.c.Inspect(bg, s2, store.W{Actor: "api:alice"})
+	must(t, err)
+	f.idle()
+	f.tick(DefaultBootTimeout + time.Second)
+	m := f.mustState(s2, store.StateFailed)
+	found := false
+	for _, h := range m.Health {
+		found = found || (h.Type == CondBootMissing && h.Status == store.HealthCritical)
+	}
+	if !found {
+		t.Fatalf("boot_missing: %+v", m.Health)
+	}
+}
