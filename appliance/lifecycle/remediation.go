@@ -194,13 +194,15 @@ func (c *Controller) remediate(ctx context.Context) error {
 		}
 	}
 	for _, m := range all {
-		if m.Maintenance != nil {
-			continue
-		}
+		// A waiting claim goes to a spare even when its failed machine is
+		// in maintenance: that touches the spare, not the machine.
 		if r := m.Remediation; r != nil && r.Claim != nil && r.Spare == "" {
 			if err := c.assignSpare(ctx, m, all); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		if m.Maintenance != nil {
+			continue
 		}
 		if active(m) {
 			if err := c.advance(ctx, m); err != nil {
