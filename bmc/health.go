@@ -39,7 +39,8 @@ const (
 // assertion that is never deasserted (IERR) stays until the SEL is cleared after the
 // repair ("ipmitool sel clear"). Events: the sensors out of range (undated), then the
 // SEL's Warning/Critical records, newest first. Chassis is HealthUnknown. A BMC that
-// does not answer both reads is an error.
+// does not answer both reads is an error, and one whose SDR lists no sensor is
+// ErrUnsupported.
 //
 // Errors are *OpError like every Controller method (op "health"); the read is
 // idempotent and retried as such.

@@ -26,14 +26,19 @@ type sensorReading struct {
 	Health                HealthState
 }
 
+// sdrEmptyLines are what ipmitool 1.8.19 prints on stdout (exit status 0) for a BMC
+// whose SDR repository holds no record.
+var sdrEmptyLines = map[string]bool{"SDRR successfully erased": true, "Err in cmd get sensor sdr info": true}
+
 // parseSDRElist strictly parses "ipmitool sdr elist" output: every non-blank line has
-// five "|"-separated fields and a status from sdrStatus; anything else is ErrBadAnswer.
+// five "|"-separated fields and a status from sdrStatus; anything else is ErrBadAnswer
+// (except sdrEmptyLines).
 func parseSDRElist(out string) ([]sensorReading, error) {
 	var rs []sensorReading
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for n := 1; sc.Scan(); n++ {
 		l := strings.TrimSpace(sc.Text())
-		if l == "" {
+		if l == "" || sdrEmptyLines[l] {
 			continue
 		}
 		f := strings.Split(l, "|")
@@ -213,6 +218,9 @@ func (d *ipmiDriver) health(ctx context.Context) (Health, error) {
 	sensors, err := parseSDRElist(out)
 	if err != nil {
 		return Health{}, err
+	}
+	if len(sensors) == 0 {
+		return Health{}, fmt.Errorf("%w: the BMC's SDR repository lists no sensor", ErrUnsupported)
 	}
 	out, err = d.ipmitoolStdout(ctx, "-N", "5", "sel", "elist")
 	if err != nil {
