@@ -17,14 +17,13 @@ const (
 // Health is what a BMC reports about its machine's health (Controller.Health).
 type Health struct {
 	// System is the ComputerSystem's health: the worse of Redfish Status.Health and
-	// Status.HealthRollup; over IPMI, from sensors out of range and SEL assertions not
-	// deasserted.
+	// Status.HealthRollup; over IPMI, from sensors in a critical state and unresolved
+	// critical SEL assertions.
 	System HealthState
 	// Chassis is the Chassis' health (Redfish Chassis Status.Health/HealthRollup);
 	// HealthUnknown when the BMC has no chassis health (IPMI).
 	Chassis HealthState
-	// Events are recent Warning and Critical entries (at most MaxHealthEvents), newest
-	// first; over IPMI the sensors out of range (undated) come first.
+	// Events are recent Warning and Critical entries, newest first.
 	Events []HealthEvent
 }
 
