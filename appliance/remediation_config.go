@@ -2,7 +2,6 @@ package appliance
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -104,42 +103,27 @@ func (r RemediationConfig) lifecycle() lifecycle.RemediationConfig {
 	}
 }
 
-// healthReader is lifecycle.HealthReader over the BMC adapter: when
-// kiln/bmc's Controller reads health (Controller.Health, issue 14), each
-// machine's BMC is read with its enrolled target; until then every read
-// is an error (never OK), so no condition is recorded.
+// healthReader is lifecycle.HealthReader over the BMC adapter: each
+// machine's BMC is read with its enrolled target through
+// bmc.Controller.Health (Redfish Status.Health/HealthRollup of system and
+// chassis and the SEL LogService; IPMI sdr/sel).
 type healthReader struct{ a *bmcAdapter }
 
-// bmcHealth is bmc.Controller.Health's signature (issue-14 contract).
-type bmcHealth interface {
-	Health(ctx context.Context, t bmc.Target) (bmc.Health, error)
-}
-
-var errNoHealthRead = errors.New("this build's BMC controller cannot read health")
-
 func (h healthReader) Health(ctx context.Context, id string) (bmc.Health, error) {
-	hc, ok := any(h.a.ctl).(bmcHealth)
-	if !ok {
-		return bmc.Health{}, errNoHealthRead
-	}
 	t, err := h.a.target(id)
 	if err != nil {
 		return bmc.Health{}, err
 	}
-	out, err := hc.Health(ctx, t)
+	out, err := h.a.ctl.Health(ctx, t)
 	if err != nil {
 		return bmc.Health{}, fmt.Errorf("bmc health (%s): %w", bmc.Reason(err), err)
 	}
 	return out, nil
 }
 
-// canReadHealth reports whether the BMC controller has Health.
-func canReadHealth(ctl *bmc.Controller) bool { _, ok := any(ctl).(bmcHealth); return ok }
-
-// healthFor is the controller's HealthReader: nil (no poll) while the BMC
-// controller cannot read health, so a build without it records nothing.
+// healthFor is the controller's HealthReader (nil without a BMC adapter).
 func healthFor(a *bmcAdapter) lifecycle.HealthReader {
-	if a == nil || !canReadHealth(a.ctl) {
+	if a == nil {
 		return nil
 	}
 	return healthReader{a}

@@ -115,6 +115,27 @@ func (f *vbmcFleet) SetNextBootPXE(ctx context.Context, id string, mode store.Bo
 	return f.do(ctx, id, func(t bmc.Target) error { return f.ctl.SetNextBootPXE(ctx, t, m) })
 }
 
+// Health is lifecycle.HealthReader: kiln/bmc's Controller.Health against
+// the machine's vbmc (Redfish Status.Health of system and chassis, the SEL
+// LogService), which the test sets with the vbmc's health knob (setHealth).
+func (f *vbmcFleet) Health(ctx context.Context, id string) (bmc.Health, error) {
+	t, err := f.target(id)
+	if err != nil {
+		return bmc.Health{}, err
+	}
+	return f.ctl.Health(ctx, t)
+}
+
+// setHealth turns machine id's vbmc health knob.
+func (f *vbmcFleet) setHealth(id string, u vbmc.HealthUpdate) {
+	f.mu.Lock()
+	v := f.srv[id]
+	f.mu.Unlock()
+	if err := v.SetHealth("1", u); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // actions counts the state-changing requests (POST of a Reset action,
 // PATCH of the boot override) every BMC of the fleet served.
 func (f *vbmcFleet) actions() int {
@@ -141,10 +162,10 @@ func (f *vbmcFleet) powerCalls(id string) (ons, offs int) {
 	return p.ons, p.offs
 }
 
-// bmcHealth is the HealthReader of these tests: it answers what the test
-// sets per machine. It stands in for bmc.Controller.Health over the
-// virtual BMC's health knob (helper d14bmc's part of issue 14); the
-// interface and types are the contract's (bmc/health_types.go).
+// bmcHealth is a HealthReader that answers what the test sets per
+// machine, with a delay and errors on demand: TestPollHealthBoundedAndBackoff
+// measures the poll's concurrency and backoff with it (the other tests read
+// the real vbmc through bmc.Controller.Health).
 type bmcHealth struct {
 	mu    sync.Mutex
 	h     map[string]bmc.Health
@@ -207,7 +228,7 @@ func newRemFleet(t *testing.T, n, perRack, spares int, mod func(*Config)) *remFl
 	f := &remFleet{st: st, bmcs: newVBMCFleet(t), hr: newBMCHealth()}
 	h := newHarness(t, st, func(c *Config) {
 		c.Inspection = InspectManual
-		c.Health = f.hr
+		c.Health = f.bmcs // the real bmc.Controller.Health against each vbmc
 		c.BMCTimeout = 5 * time.Second
 		c.Remediation = RemediationConfig{
 			PowerCycleTimeout: 2 * time.Minute, ReinspectTimeout: 5 * time.Minute, ReprovisionTimeout: 10 * time.Minute,

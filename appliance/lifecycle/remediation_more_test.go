@@ -301,6 +301,7 @@ func TestPollHealthBoundedAndBackoff(t *testing.T) {
 		c.Remediation.HealthPollBackoff = 2 * time.Minute
 		c.Remediation.HealthPollMaxBackoff = 8 * time.Minute
 	})
+	f.c.cfg.Health = f.hr
 	f.hr.delay = 20 * time.Millisecond
 	f.hr.err[f.ids[0]] = &bmc.OpError{Op: "health", Msg: "connection refused"}
 	must(t, f.c.PollHealth(bg))

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"kiln/api/agentapi"
-	"kiln/bmc"
+	"kiln/deploy/lab/vbmc/vbmc"
 	"kiln/store"
 )
 
@@ -18,15 +18,16 @@ func steps(r *store.Remediation) string {
 	return strings.Join(s, " ")
 }
 
-// A machine that stays broken (its BMC reports Critical throughout) climbs
+// A machine that stays broken (its virtual BMC reports Critical throughout,
+// read by bmc.Controller.Health; the vbmc's health knob) climbs
 // the ladder power_cycle → reinspect → reprovision → erase → rma, each
 // step on the real vbmc, each with its recorded why; its claim goes to a
 // spare of the same class and selector, built by the same gated build.
 func TestLadderClimbsToRMAAndSpareTakesClaim(t *testing.T) {
 	f := newRemFleet(t, 1, 4, 1, nil)
 	a, spare := f.ids[0], f.spares[0]
-	f.hr.set(a, bmc.Health{System: bmc.HealthCritical, Chassis: bmc.HealthOK, Events: []bmc.HealthEvent{
-		{Time: f.clk.Now(), Source: "sel", Severity: bmc.HealthCritical, Message: "Processor CPU1 IERR Asserted", ID: "0x0012"}}})
+	// The virtual BMC starts reporting Critical, with an SEL entry.
+	f.bmcs.setHealth(a, vbmc.HealthUpdate{System: "Critical", Chassis: "OK", Event: "Processor CPU1 IERR Asserted"})
 	start := f.clk.Now()
 	must(t, f.c.PollHealth(bg))
 	m := f.get(a)
@@ -124,8 +125,8 @@ func TestLadderClimbsToRMAAndSpareTakesClaim(t *testing.T) {
 	// The spare is built by the gated build and serves the claim.
 	f.build(spare)
 	sp = f.mustState(spare, store.StateProvisioned)
-	t.Logf("remediation %s power_cycle→reinspect→reprovision→rma; spare %s provisioned in %s (clock) after failure; ladder took %s",
-		a, spare, f.clk.Now().Sub(failedAt), failedAt.Sub(start))
+	t.Logf("remediation %s power_cycle→reinspect→reprovision→rma; spare %s provisioned; %s (test clock) from the vbmc's first Critical read to declared failed",
+		a, spare, failedAt.Sub(start))
 	// Every transition of the failed machine is audited with actor and reason.
 	n := 0
 	for _, ev := range allEvents(t, f.st) {
@@ -197,7 +198,7 @@ func TestBrakeRackHaltsRepair(t *testing.T) {
 		f.tick(2 * time.Minute)
 	}
 	// A new leader (another controller over the same replicated store) keeps the halt.
-	f2 := newHarness(t, f.st, func(c *Config) { c.Inspection = InspectManual; c.Health = f.hr })
+	f2 := newHarness(t, f.st, func(c *Config) { c.Inspection = InspectManual; c.Health = f.bmcs })
 	f2.c.bmc = f.bmcs
 	must(t, f2.c.Tick(bg))
 	f.idle()
