@@ -393,6 +393,13 @@ func (c *Controller) healthyAfter(m store.Machine, now time.Time) bool {
 	return !r.ActionDone.IsZero() && !now.Before(r.ActionDone.Add(c.cfg.Remediation.Settle)) && len(criticalConditions(m)) == 0
 }
 
+// settled: the step's action finished Settle ago (or more) and a
+// condition is still Critical: the step did not repair the machine.
+func (c *Controller) settled(m store.Machine, now time.Time) bool {
+	r := m.Remediation
+	return !r.ActionDone.IsZero() && !now.Before(r.ActionDone.Add(c.cfg.Remediation.Settle)) && len(criticalConditions(m)) > 0
+}
+
 func describeCritical(m store.Machine) string {
 	var parts []string
 	for _, h := range criticalConditions(m) {
@@ -440,6 +447,8 @@ func (c *Controller) advance(ctx context.Context, m store.Machine) error {
 			_, err = c.stopLadder(ctx, m.ID, "the machine left remediating (state "+string(m.State)+")")
 		case c.healthyAfter(m, now):
 			_, err = c.closeRemediated(ctx, m.ID, StepPowerCycle, "no Critical condition "+c.cfg.Remediation.Settle.String()+" after the power cycle")
+		case c.settled(m, now):
+			_, err = c.nextStep(ctx, m.ID, StepPowerCycle, ResultFailed, "still Critical "+c.cfg.Remediation.Settle.String()+" after the power cycle: "+describeCritical(m))
 		case past:
 			_, err = c.nextStep(ctx, m.ID, StepPowerCycle, ResultFailed, "still unhealthy "+c.cfg.Remediation.PowerCycleTimeout.String()+" after the step began: "+describeCritical(m))
 		}
@@ -467,6 +476,8 @@ func (c *Controller) advance(ctx context.Context, m store.Machine) error {
 				})
 		case m.State == store.StateProvisioned && c.healthyAfter(m, now):
 			_, err = c.closeRemediated(ctx, m.ID, StepReprovision, "no Critical condition "+c.cfg.Remediation.Settle.String()+" after the reprovision")
+		case m.State == store.StateProvisioned && c.settled(m, now):
+			_, err = c.declareFailed(ctx, m.ID, StepReprovision, "still Critical "+c.cfg.Remediation.Settle.String()+" after the reprovision: "+describeCritical(m))
 		case past:
 			_, err = c.declareFailed(ctx, m.ID, StepReprovision, "still unhealthy "+c.cfg.Remediation.ReprovisionTimeout.String()+" after the reprovision began (state "+string(m.State)+"): "+describeCritical(m))
 		}

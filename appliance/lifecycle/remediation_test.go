@@ -44,11 +44,11 @@ func TestLadderClimbsToRMAAndSpareTakesClaim(t *testing.T) {
 	if ons, offs := f.bmcs.powerCalls(a); ons != 1 || offs != 1 {
 		t.Fatalf("power cycle on the vbmc: %d on, %d off", ons, offs)
 	}
-	f.tick(31 * time.Second) // settled, still Critical
+	f.tick(10 * time.Second) // not settled yet
 	f.mustState(a, store.StateRemediating)
 
-	// reinspect: past the power cycle's timeout, PXE boot into the agent.
-	f.tick(2 * time.Minute)
+	// reinspect: still Critical Settle after the power cycle, PXE boot into the agent.
+	f.tick(21 * time.Second)
 	m = f.mustState(a, store.StateInspecting)
 	if m.Remediation.Step != StepReinspect || m.Remediation.Baseline == nil {
 		t.Fatalf("reinspect: %+v", m.Remediation)
@@ -73,13 +73,13 @@ func TestLadderClimbsToRMAAndSpareTakesClaim(t *testing.T) {
 	f.build(a)
 	f.mustState(a, store.StateProvisioned)
 	f.tick(0)
-	f.tick(31 * time.Second)
-	if r := f.get(a).Remediation; r.Outcome != "" || r.Step != StepReprovision {
-		t.Fatalf("still Critical after the reprovision, but: %+v", r)
+	f.tick(10 * time.Second)
+	if r := f.get(a).Remediation; r.Outcome != "" || r.Step != StepReprovision || r.ActionDone.IsZero() {
+		t.Fatalf("settling after the reprovision, but: %+v", r)
 	}
 
-	// Past the reprovision's timeout: declared failed, erased, rma.
-	f.tick(10 * time.Minute)
+	// Still Critical Settle after the reprovision: declared failed, erased, rma.
+	f.tick(21 * time.Second)
 	m = f.mustState(a, store.StateErasing)
 	if m.Reason != ReasonEraseForRMA || m.Claim != nil || m.Remediation.Claim == nil || m.Remediation.Step != StepErase {
 		t.Fatalf("declared failed: reason %s claim %v %+v", m.Reason, m.Claim, m.Remediation)
@@ -163,7 +163,7 @@ func TestBrakeRackHaltsRepair(t *testing.T) {
 	f.critical(rack1[0], "kubelet stopped posting status")
 	f.tick(time.Second)
 	f.critical(rack1[1], "kubelet stopped posting status")
-	f.tick(time.Minute)
+	f.tick(time.Second)
 	for _, id := range rack1[:2] {
 		if m := f.mustState(id, store.StateRemediating); m.Remediation.Step != StepPowerCycle {
 			t.Fatalf("%s: %+v", id, m.Remediation)
@@ -174,7 +174,7 @@ func TestBrakeRackHaltsRepair(t *testing.T) {
 		t.Fatalf("BMC actions before the brake: %d, want 2 power cycles", before)
 	}
 	f.critical(rack1[2], "kubelet stopped posting status")
-	f.tick(time.Minute)
+	f.tick(time.Second)
 	b, err := f.st.GetRepairBrake()
 	must(t, err)
 	if !b.Engaged || b.Scope != ScopeRack || b.Key != "rack-1" || len(b.Failures) != 3 {
