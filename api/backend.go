@@ -73,6 +73,10 @@ type Backend interface {
 	UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error)
 	DeleteImage(ctx context.Context, id string, w store.W) error
 
+	// Day 2 (issue 14; remediation.go): health, drain, power, maintenance,
+	// retire, rma, reprovision, the remediation status and the brake.
+	RemediationBackend
+
 	// Agent protocol (package agentapi).
 	AgentRegister(ctx context.Context, machineID string, reg agentapi.Registration) (agentapi.Task, error)
 	AgentTask(ctx context.Context, machineID string) (agentapi.Task, error)

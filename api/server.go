@@ -309,9 +309,10 @@ func (s *Server) routes() {
 	e.GET("/v1/agent/task", s.agentTask)
 	e.POST("/v1/agent/report", s.agentReport)
 
-	s.clusterRoutes(admin, view) // cluster.go
-	s.backupRoutes(admin)        // backup.go
-	s.leaseRoutes(view)          // leases.go
+	s.clusterRoutes(admin, view)         // cluster.go
+	s.backupRoutes(admin)                // backup.go
+	s.remediationRoutes(view, op, admin) // remediation.go
+	s.leaseRoutes(view)                  // leases.go
 }
 
 // recoverPanics turns a handler panic into a 500 (logged, no stack to the client).

@@ -56,6 +56,32 @@ type Machine struct {
 	Claim        *Claim         `json:"claim,omitempty"`
 	// Step is the last step report received from the agent.
 	Step *store.StepStatus `json:"step,omitempty"`
+
+	// Day 2 (issue 14; appliance/lifecycle/DESIGN.md "Remediation"):
+	// the maintenance flag, health conditions, the repair ladder's record
+	// and the drain request to the claim's owner.
+	Maintenance *store.Maintenance      `json:"maintenance,omitempty"`
+	Health      []store.HealthCondition `json:"health,omitempty"`
+	Remediation *Remediation            `json:"remediation,omitempty"`
+	Drain       *store.Drain            `json:"drain,omitempty"`
+}
+
+// Remediation is the wire form of the ladder's record: the store's,
+// with the waiting claim shown as a view (no bootstrap data for viewers).
+type Remediation struct {
+	Step        string                  `json:"step"`
+	Attempt     int                     `json:"attempt"`
+	Started     time.Time               `json:"started"`
+	StepStarted time.Time               `json:"step_started"`
+	Deadline    time.Time               `json:"deadline,omitempty"`
+	ActionDone  time.Time               `json:"action_done,omitempty"`
+	Why         string                  `json:"why"`
+	Outcome     string                  `json:"outcome,omitempty"`
+	History     []store.RemediationStep `json:"history,omitempty"`
+	Baseline    *store.Hardware         `json:"baseline,omitempty"`
+	Report      *store.RMAReport        `json:"report,omitempty"`
+	Claim       *Claim                  `json:"claim,omitempty"`
+	Spare       string                  `json:"spare,omitempty"`
 }
 
 // Claim is a provisioning request placed on a machine: the body's claim in
@@ -73,6 +99,14 @@ type Claim struct {
 	CABundle      string            `json:"ca_bundle,omitempty"`
 	JoinData      string            `json:"join_data,omitempty"`
 	Labels        map[string]string `json:"labels,omitempty"`
+	// DrainWebhook (http or https URL) is POSTed a drain request before a
+	// disruptive repair step (appliance/lifecycle.DrainRequest).
+	DrainWebhook string `json:"drain_webhook,omitempty"`
+	// Selector (answers only) is the labels the claim was placed by; a
+	// spare replacing the machine matches them. Replaces (answers only) is
+	// the failed machine whose claim this spare took.
+	Selector map[string]string `json:"selector,omitempty"`
+	Replaces string            `json:"replaces,omitempty"`
 }
 
 // Site is one data-center hall served by one Kiln cluster.
@@ -159,7 +193,17 @@ func machineView(m store.Machine, r Role) Machine {
 		State: m.State, Reason: m.Reason, Message: m.Message,
 		BootMode: m.BootMode, IPv4: m.IPv4, BootOverride: m.BootOverride, Netboot: m.Netboot,
 		RootDisk: m.RootDisk, Wipe: m.Wipe, BMC: m.BMC, Claim: claimView(m.Claim, r), Step: m.Step,
+		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
 	}
+}
+
+func remediationView(x *store.Remediation, r Role) *Remediation {
+	if x == nil {
+		return nil
+	}
+	return &Remediation{Step: x.Step, Attempt: x.Attempt, Started: x.Started, StepStarted: x.StepStarted, Deadline: x.Deadline,
+		ActionDone: x.ActionDone, Why: x.Why, Outcome: x.Outcome, History: x.History, Baseline: x.Baseline, Report: x.Report,
+		Claim: claimView(x.Claim, r), Spare: x.Spare}
 }
 
 func machineViews(ms []store.Machine, r Role) []Machine {
@@ -176,7 +220,8 @@ func claimView(c *store.Claim, r Role) *Claim {
 		return nil
 	}
 	out := &Claim{Image: c.Image, Role: c.Role, Hostname: c.Hostname, NetworkConfig: c.NetworkConfig,
-		SSHKeys: c.SSHKeys, CABundle: c.CABundle, Labels: c.Labels}
+		SSHKeys: c.SSHKeys, CABundle: c.CABundle, Labels: c.Labels, Selector: c.Selector, DrainWebhook: c.DrainWebhook,
+		Replaces: c.Replaces}
 	if seesBootstrap(r) {
 		out.UserData, out.JoinData = c.UserData, c.JoinData
 	}
@@ -186,7 +231,8 @@ func claimView(c *store.Claim, r Role) *Claim {
 // storeClaim is the claim of a request as the domain takes it.
 func storeClaim(c Claim) store.Claim {
 	return store.Claim{Image: c.Image, Role: c.Role, Hostname: c.Hostname, UserData: c.UserData,
-		NetworkConfig: c.NetworkConfig, SSHKeys: c.SSHKeys, CABundle: c.CABundle, JoinData: c.JoinData, Labels: c.Labels}
+		NetworkConfig: c.NetworkConfig, SSHKeys: c.SSHKeys, CABundle: c.CABundle, JoinData: c.JoinData, Labels: c.Labels,
+		DrainWebhook: c.DrainWebhook}
 }
 
 func siteView(s store.Site) Site {

@@ -160,6 +160,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
 		AgentEndpoints:     agentEndpoints,
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
+		Remediation:        cfg.Remediation.lifecycle(),
+		Health:             healthFor(bmcA),
 		Sealer:             SealerFor(sealer),
 		Catalog:            CatalogFor(catalog),
 	}, st, bmcA, reg)

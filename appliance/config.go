@@ -16,6 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"kiln/appliance/lifecycle"
 	"kiln/store/pki"
 )
 
@@ -56,6 +57,9 @@ type Config struct {
 	BMC       BMCConfig       `yaml:"bmc"`
 	Lifecycle LifecycleConfig `yaml:"lifecycle"`
 	Store     StoreConfig     `yaml:"store"`
+	// Remediation is day 2: health, the repair ladder, drain, spares and
+	// the brake (remediation_config.go).
+	Remediation RemediationConfig `yaml:"remediation"`
 }
 
 // StoreConfig tunes the replicated store.
@@ -430,6 +434,9 @@ func (c *Config) validateValues() error {
 	}
 	if c.Lifecycle.MinReadMBps < 0 {
 		return errors.New("config: lifecycle.min_read_mbps must not be negative")
+	}
+	if err := lifecycle.CheckRemediation(c.Remediation.lifecycle()); err != nil {
+		return fmt.Errorf("config: %w", err)
 	}
 	for i, s := range c.Boot.DHCP.Subnets {
 		key := fmt.Sprintf("boot.dhcp.subnets[%d]", i)

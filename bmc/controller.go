@@ -96,6 +96,7 @@ type driver interface {
 	power(ctx context.Context, a PowerAction) error
 	setNextBootPXE(ctx context.Context, m BootMode) error
 	inventory(ctx context.Context) (Inventory, error)
+	health(ctx context.Context) (Health, error)
 	close()
 }
 

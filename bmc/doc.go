@@ -1,5 +1,7 @@
 // Package bmc powers machines on and off, sets their next boot to the network and reads
-// their inventory through their baseboard management controller (BMC), over Redfish
+// their inventory and health ([Controller.Health]: Redfish Status.Health of the system and
+// chassis and their LogService entries; IPMI sensors and SEL) through their baseboard
+// management controller (BMC), over Redfish
 // (DMTF DSP0266, ComputerSystem schema) or IPMI 2.0 RMCP+ (lanplus), on top of
 // github.com/bmc-toolbox/bmclib/v2.
 //

@@ -71,7 +71,7 @@ func Reason(err error) string {
 // target's password; the original driver error is deliberately not kept, because
 // third-party error texts are not guaranteed free of credentials.
 type OpError struct {
-	Op      string // "power_state", "power", "boot", "inventory"
+	Op      string // "power_state", "power", "boot", "inventory", "health"
 	Driver  string // "redfish" or "ipmi"
 	Address string // BMC address as given in Target.Address
 	Err     error  // one of the package's sentinel errors

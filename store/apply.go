@@ -34,9 +34,11 @@ var (
 	bMembers    = []byte("members")     // node ID → Member
 	// Mixed versions (versions.go).
 	bNodeVersions = []byte("node_versions") // node ID → NodeVersion
+	// Remediation (issue 14): "brake" → RepairBrake.
+	bRemediation = []byte("remediation")
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -135,12 +137,18 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		if err == nil {
 			one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
 		}
-	case CmdPutMachines, CmdPutMachinesV2:
-		checked := c.Type == CmdPutMachinesV2
+	case CmdPutMachines, CmdPutMachinesV2, CmdPutMachinesV3:
+		rule := ruleV2
+		switch c.Type {
+		case CmdPutMachines:
+			rule = ruleV1
+		case CmdPutMachinesV3:
+			rule = ruleV3
+		}
 		out = make([]json.RawMessage, 0, len(c.Machines))
 		recs = make([]any, 0, len(c.Machines))
 		for i := range c.Machines {
-			raw, e := putMachine(a, &c.Machines[i], checked)
+			raw, e := putMachine(a, &c.Machines[i], rule)
 			if e != nil {
 				if len(c.Machines) > 1 {
 					e = fmt.Errorf("machine %d (%s): %w", i, c.Machines[i].ID, e)
@@ -222,6 +230,12 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		err = applyRemoveMember(a, c.ID)
 	case CmdTrimEvents:
 		err = trimEvents(a, c.Before)
+	case CmdPutRemediation:
+		if c.Brake == nil {
+			return nil, nil, 0, fmt.Errorf("%w: put_remediation without brake", ErrBadCommand)
+		}
+		c.Brake.ID = BrakeID
+		one(c.Brake)(putBrake(a, c.Brake))
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}
@@ -385,12 +399,31 @@ func machineMACs(m *Machine) ([]string, error) {
 	return macs, nil
 }
 
-// putMachine creates or updates m (see PutMachine). With checked (the
+// machineRule is the rule set a machine command applies: ruleV1
+// (put_machines, 3), ruleV2 (put_machines_v2 14, import 16, agent_report
+// 17: a claim must name a stored image) or ruleV3 (put_machines_v3 25: the
+// issue-14 transition table, and the issue-14 fields as written).
+type machineRule int
+
+const (
+	ruleV1 machineRule = iota
+	ruleV2
+	ruleV3
+)
+
+// putMachine creates or updates m (see PutMachine). From ruleV2 on (the
 // CmdPutMachinesV2 rules) a claim the write adds, or whose image it
 // changes, must name a stored image (ErrInvalid otherwise); a claim left as
 // it was is not re-checked, so a record written before the rule can still
-// move on.
-func putMachine(a *applyCtx, m *Machine, checked bool) ([]byte, error) {
+// move on. Below ruleV3 the transition table is transitionsV2 and the
+// issue-14 fields are kept as stored (keepV3Fields), exactly what a node
+// that predates command 25 stores for the same entry.
+func putMachine(a *applyCtx, m *Machine, rule machineRule) ([]byte, error) {
+	checked := rule >= ruleV2
+	tab := transitionsV2
+	if rule == ruleV3 {
+		tab = transitionsV3
+	}
 	macs, err := machineMACs(m)
 	if err != nil {
 		return nil, fmt.Errorf("machine %s: %w", m.ID, err)
@@ -398,6 +431,9 @@ func putMachine(a *applyCtx, m *Machine, checked bool) ([]byte, error) {
 	old, err := casPrepare[Machine](a, bMachines, "machine", m)
 	if err != nil {
 		return nil, err
+	}
+	if rule < ruleV3 {
+		keepV3Fields(m, old)
 	}
 	ix := a.ix
 	if old == nil {
@@ -411,10 +447,13 @@ func putMachine(a *applyCtx, m *Machine, checked bool) ([]byte, error) {
 		if m.State == "" {
 			m.State = old.State
 		}
-		if !m.State.Valid() {
+		// A state the table does not know is refused unless it is the stored
+		// one (a record of state rma, say, written by command 25, may still
+		// take an agent report that moves nothing).
+		if _, ok := tab[m.State]; !ok && (m.State != old.State || !m.State.Valid()) {
 			return nil, fmt.Errorf("%w: machine %s state %q", ErrInvalid, m.ID, m.State)
 		}
-		if m.State != old.State && !CanTransition(old.State, m.State) {
+		if m.State != old.State && !canTransition(tab, old.State, m.State) {
 			return nil, &IllegalTransitionError{From: old.State, To: m.State}
 		}
 		oldMACs, _ := machineMACs(old)
@@ -481,7 +520,7 @@ func agentReport(a *applyCtx, c *command) ([]json.RawMessage, []any, error) {
 			return nil, nil, err
 		}
 	}
-	raw, err := putMachine(a, m, true)
+	raw, err := putMachine(a, m, ruleV2)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -626,7 +665,7 @@ func importMachines(a *applyCtx, ms []Machine) ([]json.RawMessage, []any, error)
 	out := make([]json.RawMessage, 0, len(ms))
 	recs := make([]any, 0, len(ms))
 	for i := range ms {
-		raw, err := putMachine(a, &ms[i], true)
+		raw, err := putMachine(a, &ms[i], ruleV2)
 		if err != nil {
 			return nil, nil, fmt.Errorf("machine %d (%s): %w", i, ms[i].ID, err)
 		}
@@ -634,6 +673,33 @@ func importMachines(a *applyCtx, ms []Machine) ([]json.RawMessage, []any, error)
 		recs = append(recs, &ms[i])
 	}
 	return out, recs, nil
+}
+
+// BrakeID is the ID of the one RepairBrake record.
+const BrakeID = "brake"
+
+// putBrake is CmdPutRemediation: compare-and-set of the brake record, and
+// an event "brake_engaged" or "brake_released" when Engaged changes
+// ("updated" otherwise).
+func putBrake(a *applyCtx, b *RepairBrake) ([]byte, error) {
+	old, err := casPrepare[RepairBrake](a, bRemediation, "remediation", b)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := writeRec(a, bRemediation, b)
+	if err != nil {
+		return nil, err
+	}
+	ev := Event{Subject: "remediation/brake", Kind: "updated"}
+	was := old != nil && old.Engaged
+	switch {
+	case b.Engaged && !was:
+		ev = Event{Subject: "remediation/brake", Kind: "brake_engaged", From: "released", To: "engaged",
+			Reason: orStr(a.w.Reason, b.Reason), Message: orStr(a.w.Message, b.Message)}
+	case !b.Engaged && was:
+		ev = Event{Subject: "remediation/brake", Kind: "brake_released", From: "engaged", To: "released"}
+	}
+	return raw, a.event(ev)
 }
 
 func putSecret(a *applyCtx, key string, sealed []byte) error {

@@ -39,6 +39,8 @@ const (
 	CmdPutSiteV2                         // 22: Site; as 1, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	CmdPutRackV2                         // 23: Rack; as 2, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	CmdTrimEvents                        // 24: Before: delete every event with Index < Before; Before becomes the events floor (never lowered)
+	CmdPutMachinesV3                     // 25: Machines; as 14, under the issue-14 transition table (remediating, rma) and keeping the issue-14 fields
+	CmdPutRemediation                    // 26: Brake: the remediation brake record (compare-and-set)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -52,7 +54,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
-	"put_site_v2", "put_rack_v2", "trim_events"}
+	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -108,6 +110,9 @@ type command struct {
 
 	JoinToken *JoinToken `json:"join_token,omitempty"`
 	Member    *Member    `json:"member,omitempty"`
+
+	// Brake is CmdPutRemediation's record.
+	Brake *RepairBrake `json:"brake,omitempty"`
 }
 
 // encodeCommand returns the log-entry bytes: 1 byte CommandType, then the

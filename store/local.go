@@ -101,6 +101,7 @@ func (l *localLog) commit(ctx context.Context, c *command) ([]json.RawMessage, [
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	upgradeCommand(c, true)
 	prepare(c)
 	data, err := encodeCommand(c)
 	if err != nil {

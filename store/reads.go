@@ -209,6 +209,12 @@ func (s *Store) GetImage(id string) (Image, error) { return getRec[Image](s.fsm,
 // ListImages returns every image ordered by ID.
 func (s *Store) ListImages() ([]Image, error) { return listRec[Image](s.fsm, bImages) }
 
+// GetRepairBrake returns the remediation brake record, or ErrNotFound
+// when none was ever written (the brake is then released).
+func (s *Store) GetRepairBrake() (RepairBrake, error) {
+	return getRec[RepairBrake](s.fsm, bRemediation, "remediation", BrakeID)
+}
+
 // GetJob returns job id or ErrNotFound.
 func (s *Store) GetJob(id string) (Job, error) { return getRec[Job](s.fsm, bJobs, "job", id) }
 

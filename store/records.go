@@ -48,16 +48,22 @@ const (
 	StateQuarantined  MachineState = "quarantined"  // discovered hardware differs from intent in a blocking field
 	StateErasing      MachineState = "erasing"      // disks being wiped before reuse or retirement
 	StateRetired      MachineState = "retired"      // out of service for good
+	// Issue 14 (day 2), written only by put_machines_v3 (command 25):
+	StateRemediating MachineState = "remediating" // automatic repair of a claimed machine: drain, power cycle (Machine.Remediation)
+	StateRMA         MachineState = "rma"         // declared failed: returned to the vendor (Remediation.Report says why)
 )
 
 // AllStates lists every MachineState, in lifecycle order.
 var AllStates = []MachineState{
 	StateDiscovered, StateRegistered, StateInspecting, StateAvailable, StateProvisioning,
-	StateProvisioned, StateFailed, StateQuarantined, StateErasing, StateRetired,
+	StateProvisioned, StateFailed, StateQuarantined, StateErasing, StateRemediating, StateRMA, StateRetired,
 }
 
-// transitions is the legal-transition table: from → allowed destinations.
-var transitions = map[MachineState][]MachineState{
+// transitionsV2 is the legal-transition table of the commands before issue
+// 14 (put_machines 3, put_machines_v2 14, import_machines 16,
+// agent_report 17): from → allowed destinations. It never changes: an
+// old entry replays with the rules it was written under.
+var transitionsV2 = map[MachineState][]MachineState{
 	StateDiscovered:   {StateRegistered, StateInspecting, StateRetired},
 	StateRegistered:   {StateInspecting, StateRetired},
 	StateInspecting:   {StateAvailable, StateQuarantined, StateFailed},
@@ -70,12 +76,49 @@ var transitions = map[MachineState][]MachineState{
 	StateRetired:      {},
 }
 
-// Valid reports whether s is one of AllStates.
-func (s MachineState) Valid() bool { _, ok := transitions[s]; return ok }
+// transitionsV3 is the table of put_machines_v3 (command 25, issue 14):
+// transitionsV2 plus the states remediating and rma
+// (appliance/lifecycle/DESIGN.md "Transitions and their owners"):
+//
+//   - provisioned, failed → remediating: the ladder starts (or an operator's
+//     reprovision of a provisioned machine passes through it);
+//   - remediating → provisioned (a power cycle repaired it), inspecting
+//     (the reinspect step), erasing (declared failed: erase before rma),
+//     rma, failed (the ladder was stopped by an operator);
+//   - inspecting, provisioning → erasing (declared failed during the
+//     reinspect or the reprovision: erase before rma while the agent runs),
+//     inspecting → rma;
+//   - available, provisioned, provisioning, failed, quarantined, erasing → rma;
+//   - rma → inspecting (back from repair), erasing, retired.
+var transitionsV3 = map[MachineState][]MachineState{
+	StateDiscovered:   {StateRegistered, StateInspecting, StateRetired},
+	StateRegistered:   {StateInspecting, StateRetired},
+	StateInspecting:   {StateAvailable, StateQuarantined, StateFailed, StateErasing, StateRMA},
+	StateAvailable:    {StateProvisioning, StateInspecting, StateErasing, StateRetired, StateRMA},
+	StateProvisioning: {StateProvisioned, StateFailed, StateErasing, StateRMA},
+	StateProvisioned:  {StateErasing, StateFailed, StateRemediating, StateRMA},
+	StateFailed:       {StateInspecting, StateErasing, StateRetired, StateRemediating, StateRMA},
+	StateQuarantined:  {StateInspecting, StateErasing, StateRetired, StateRMA},
+	StateErasing:      {StateAvailable, StateInspecting, StateRetired, StateFailed, StateRMA},
+	StateRemediating:  {StateProvisioned, StateInspecting, StateErasing, StateRMA, StateFailed},
+	StateRMA:          {StateInspecting, StateErasing, StateRetired},
+	StateRetired:      {},
+}
 
-// CanTransition reports whether from → to is a legal lifecycle transition.
-func CanTransition(from, to MachineState) bool {
-	for _, s := range transitions[from] {
+// Valid reports whether s is one of AllStates.
+func (s MachineState) Valid() bool { _, ok := transitionsV3[s]; return ok }
+
+// CanTransition reports whether from → to is a legal lifecycle transition
+// under the current table (put_machines_v3, the one the lifecycle checks
+// before it writes).
+func CanTransition(from, to MachineState) bool { return canTransition(transitionsV3, from, to) }
+
+// CanTransitionV2 is CanTransition under the table of the commands before
+// issue 14 (what a node that does not understand command 25 applies).
+func CanTransitionV2(from, to MachineState) bool { return canTransition(transitionsV2, from, to) }
+
+func canTransition(tab map[MachineState][]MachineState, from, to MachineState) bool {
+	for _, s := range tab[from] {
 		if s == to {
 			return true
 		}
@@ -153,6 +196,17 @@ type Claim struct {
 	CABundle      string            `json:"ca_bundle,omitempty"`
 	JoinData      string            `json:"join_data,omitempty"`
 	Labels        map[string]string `json:"labels,omitempty"`
+
+	// Issue 14 (kept only by put_machines_v3, command 25; an older command
+	// keeps the stored claim's values):
+	// Selector is the machine labels the claim was placed by (ClaimMachines):
+	// a spare that replaces a failed machine must match it.
+	Selector map[string]string `json:"selector,omitempty"`
+	// DrainWebhook (http or https URL), when set, is POSTed a DrainRequest
+	// before a disruptive remediation step.
+	DrainWebhook string `json:"drain_webhook,omitempty"`
+	// Replaces is the ID of the failed machine this claim was moved from (a spare).
+	Replaces string `json:"replaces,omitempty"`
 }
 
 // BootMode is the firmware mode a machine boots in.
@@ -192,6 +246,188 @@ type Machine struct {
 	BootTokenHash string `json:"boot_token_hash,omitempty"`
 	// Step is the last step report received from the agent.
 	Step *StepStatus `json:"step,omitempty"`
+
+	// Issue 14 (day 2): written only by put_machines_v3 (command 25). The
+	// older machine commands (3, 14, 16, 17) keep what the stored record
+	// holds in these fields, as a node that predates them does (it does not
+	// know them), so replicas never diverge in a rolling upgrade.
+
+	// Maintenance, when set, is Ironic's maintenance flag: nothing is done
+	// to the machine automatically (no remediation, no spare taken from it).
+	// It is a flag with a reason, not a state.
+	Maintenance *Maintenance `json:"maintenance,omitempty"`
+	// Health is the machine's current health conditions, one per Type,
+	// each with its source.
+	Health []HealthCondition `json:"health,omitempty"`
+	// Remediation is the repair ladder's record (the current run, or the
+	// last one, with its history).
+	Remediation *Remediation `json:"remediation,omitempty"`
+	// Drain is the request to the claim's owner before a disruptive step.
+	Drain *Drain `json:"drain,omitempty"`
+}
+
+// Maintenance is the maintenance flag (Ironic: maintenance + maintenance_reason).
+type Maintenance struct {
+	Reason string    `json:"reason"` // the operator's reason (free text, rules.CheckText)
+	Actor  string    `json:"actor,omitempty"`
+	Since  time.Time `json:"since"`
+}
+
+// Health states (the Redfish Resource.Health enum, DSP0268 Resource
+// schema): a condition is failing when Critical.
+const (
+	HealthOK       = "OK"
+	HealthWarning  = "Warning"
+	HealthCritical = "Critical"
+)
+
+// Health condition sources.
+const (
+	HealthSourceBMC   = "bmc"   // Redfish Status.Health / IPMI SEL and sensors, polled by Kiln
+	HealthSourceOwner = "owner" // the claim's owner (POST /v1/machines/{id}/health), as a Cluster API MachineHealthCheck
+	HealthSourceKiln  = "kiln"  // Kiln's own observation (build stalled, agent silent, boot missing)
+)
+
+// HealthCondition is one health signal of a machine. Type names it
+// ("bmc_system", "bmc_chassis", "owner/<type>", "build_stalled",
+// "agent_silent", "boot_missing"); Status is HealthOK, HealthWarning or
+// HealthCritical; Since is when Status last changed, At the last report.
+type HealthCondition struct {
+	Type    string    `json:"type"`
+	Source  string    `json:"source"`
+	Status  string    `json:"status"`
+	Reason  string    `json:"reason,omitempty"`
+	Message string    `json:"message,omitempty"`
+	Since   time.Time `json:"since"`
+	At      time.Time `json:"at"`
+}
+
+// Remediation is the repair ladder's record on a machine
+// (appliance/lifecycle/DESIGN.md "Remediation"). Step is the current step
+// (drain, power_cycle, reinspect, reprovision, erase, rma); Outcome is ""
+// while the ladder runs, then remediated, rma or stopped. Attempt numbers
+// the ladder runs of this machine. Started is the run's start,
+// StepStarted and Deadline the current step's; Why says why the run (or
+// the current step) was taken. History holds every finished step.
+type Remediation struct {
+	Step        string            `json:"step"`
+	Attempt     int               `json:"attempt"`
+	Started     time.Time         `json:"started"`
+	StepStarted time.Time         `json:"step_started"`
+	Deadline    time.Time         `json:"deadline,omitempty"`
+	ActionDone  time.Time         `json:"action_done,omitempty"` // the step's action (BMC job, build) finished
+	Why         string            `json:"why"`
+	Outcome     string            `json:"outcome,omitempty"`
+	History     []RemediationStep `json:"history,omitempty"`
+	// Baseline is the discovered hardware before the reinspect step, to
+	// compare the new inspection with.
+	Baseline *Hardware `json:"baseline,omitempty"`
+	// Report is the RMA report once the machine is declared failed.
+	Report *RMAReport `json:"report,omitempty"`
+	// Claim is the claim the machine held when declared failed, until a
+	// spare takes it (Spare is then that machine's ID).
+	Claim *Claim `json:"claim,omitempty"`
+	Spare string `json:"spare,omitempty"`
+}
+
+// RemediationStep is one finished step of a ladder run: Result is
+// succeeded, failed, skipped or stopped.
+type RemediationStep struct {
+	Step    string    `json:"step"`
+	Result  string    `json:"result"`
+	Why     string    `json:"why,omitempty"`
+	Started time.Time `json:"started"`
+	Ended   time.Time `json:"ended"`
+}
+
+// RMAReport is what points at the failed part: the inspection difference
+// (baseline → reinspection), the BMC's events, the health conditions at
+// the time and the erase outcome.
+type RMAReport struct {
+	Diff       []FieldDiff       `json:"diff,omitempty"`
+	BMCEvents  []BMCEvent        `json:"bmc_events,omitempty"`
+	Conditions []HealthCondition `json:"conditions,omitempty"`
+	Erase      string            `json:"erase,omitempty"` // erased | not_erased: <why>
+}
+
+// BMCEvent is one BMC log entry (Redfish LogEntry, IPMI SEL record).
+type BMCEvent struct {
+	Time     time.Time `json:"time"`
+	Source   string    `json:"source"` // sel | sensor | redfish
+	Severity string    `json:"severity"`
+	Message  string    `json:"message"`
+	ID       string    `json:"id,omitempty"`
+}
+
+// Drain is a request to a claimed machine's owner to move its work off
+// before a disruptive step: Step is the step waiting, Deadline when the
+// timeout policy applies, Acked/AckedBy the owner's acknowledgement,
+// Webhook the URL told (Claim.DrainWebhook) and WebhookResult its outcome.
+type Drain struct {
+	Step          string    `json:"step"`
+	Reason        string    `json:"reason,omitempty"`
+	Requested     time.Time `json:"requested"`
+	Deadline      time.Time `json:"deadline"`
+	Acked         time.Time `json:"acked,omitempty"`
+	AckedBy       string    `json:"acked_by,omitempty"`
+	Webhook       string    `json:"webhook,omitempty"`
+	WebhookResult string    `json:"webhook_result,omitempty"`
+	// TimedOut: the deadline passed without an ack (the policy then proceeds or holds).
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// UsesV3 reports whether m holds anything only put_machines_v3 keeps: a
+// state of issue 14 or one of its fields.
+func (m *Machine) UsesV3() bool {
+	if m.State == StateRemediating || m.State == StateRMA {
+		return true
+	}
+	return m.Maintenance != nil || len(m.Health) > 0 || m.Remediation != nil || m.Drain != nil
+}
+
+// keepV3Fields is the rule of the machine commands before issue 14: the
+// issue-14 fields are what the stored record holds (old; nil on create),
+// whatever the command carries, as on a node that does not know them.
+func keepV3Fields(m, old *Machine) {
+	if old == nil {
+		old = &Machine{}
+	}
+	m.Maintenance, m.Health, m.Remediation, m.Drain = old.Maintenance, old.Health, old.Remediation, old.Drain
+	if m.Claim != nil {
+		var sel map[string]string
+		var hook, repl string
+		if old.Claim != nil {
+			sel, hook, repl = old.Claim.Selector, old.Claim.DrainWebhook, old.Claim.Replaces
+		}
+		m.Claim.Selector, m.Claim.DrainWebhook, m.Claim.Replaces = sel, hook, repl
+	}
+}
+
+// RepairBrake is the site's remediation brake (bucket remediation, key
+// "brake"; command 26 put_remediation): Failures are the machines declared
+// unhealthy within the window (oldest first, pruned by the lifecycle);
+// Engaged halts automatic repair until a person resumes it. Scope is
+// site, rack or claim and Key the rack ID or claim role that tripped it.
+type RepairBrake struct {
+	Meta
+	Engaged   bool            `json:"engaged"`
+	Scope     string          `json:"scope,omitempty"`
+	Key       string          `json:"key,omitempty"`
+	EngagedAt time.Time       `json:"engaged_at,omitempty"`
+	Reason    string          `json:"reason,omitempty"`
+	Message   string          `json:"message,omitempty"`
+	ResumedAt time.Time       `json:"resumed_at,omitempty"`
+	ResumedBy string          `json:"resumed_by,omitempty"`
+	Failures  []RepairFailure `json:"failures,omitempty"`
+}
+
+// RepairFailure is one failure counted by the brake.
+type RepairFailure struct {
+	Machine string    `json:"machine"`
+	Rack    string    `json:"rack,omitempty"`
+	Claim   string    `json:"claim,omitempty"` // the claim's role
+	At      time.Time `json:"at"`
+	Why     string    `json:"why,omitempty"`
 }
 
 // StepStatus is the latest state of a gated-build step.

@@ -101,6 +101,7 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 	if err := s.checkVersionsWait(ctx, c.Type); err != nil {
 		return nil, nil, err
 	}
+	upgradeCommand(c, c.Type == CmdPutMachinesV2 && s.checkVersions(CmdPutMachinesV3) == nil)
 	prepare(c)
 	data, err := encodeCommand(c)
 	if err != nil {
@@ -127,6 +128,17 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 		return nil, nil, fmt.Errorf("store: %s: unexpected FSM response %T", c.Type, f.Response())
 	}
 	return res.Values, res.Recs, res.Err
+}
+
+// upgradeCommand writes a put_machines_v2 as put_machines_v3 when every
+// node understands it (ok): V3 is V2 under the wider table, keeping the
+// issue-14 fields as the write gives them, so a write that clears them
+// (ending maintenance, say) clears them instead of keeping the stored
+// values as V2 must.
+func upgradeCommand(c *command, ok bool) {
+	if ok && c.Type == CmdPutMachinesV2 {
+		c.Type = CmdPutMachinesV3
+	}
 }
 
 // errSelfLeader: forwardRetry found this node is now the leader.

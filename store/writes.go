@@ -58,8 +58,27 @@ func (s *Store) PutRack(ctx context.Context, v Rack, w W) (Rack, error) {
 // changes, must name a stored image at the moment the write applies
 // (ErrInvalid otherwise), so a claim never names a deleted image (see
 // DeleteImage).
+//
+// Issue 14: the write is command 25 (put_machines_v3: the states
+// remediating and rma, and the maintenance, health, remediation and drain
+// fields) when m uses any of them (Machine.UsesV3), and is then refused
+// with *UnsupportedByClusterError while a node of the cluster predates it;
+// otherwise it is command 14, which the leader writes as 25 once every
+// node understands 25 (upgradeCommand), so a write that clears those
+// fields clears them.
 func (s *Store) PutMachine(ctx context.Context, m Machine, w W) (Machine, error) {
-	return one[Machine](s.write(ctx, &command{Type: CmdPutMachinesV2, W: w, Machines: []Machine{m}}))
+	return one[Machine](s.write(ctx, &command{Type: machinesCmd(m), W: w, Machines: []Machine{m}}))
+}
+
+// machinesCmd is the command for a write of ms: put_machines_v3 when any
+// uses it, else put_machines_v2.
+func machinesCmd(ms ...Machine) CommandType {
+	for i := range ms {
+		if ms[i].UsesV3() {
+			return CmdPutMachinesV3
+		}
+	}
+	return CmdPutMachinesV2
 }
 
 // PutMachines applies PutMachine to every element in ONE raft command,
@@ -69,7 +88,7 @@ func (s *Store) PutMachines(ctx context.Context, ms []Machine, w W) ([]Machine, 
 	if len(ms) == 0 {
 		return nil, nil
 	}
-	return machinesOut(s.write(ctx, &command{Type: CmdPutMachinesV2, W: w, Machines: ms}))
+	return machinesOut(s.write(ctx, &command{Type: machinesCmd(ms...), W: w, Machines: ms}))
 }
 
 // ImportMachines creates every machine of ms in ONE raft command,
@@ -127,6 +146,16 @@ func machinesOut(vals []json.RawMessage, recs []any, err error) ([]Machine, erro
 // ErrInvalid, ErrNotLeader, ErrTimeout.
 func (s *Store) ReportAgent(ctx context.Context, m Machine, evs []Event, w W) (Machine, error) {
 	return one[Machine](s.write(ctx, &command{Type: CmdAgentReport, W: w, Machines: []Machine{m}, Events: evs}))
+}
+
+// PutRepairBrake writes the remediation brake record (command 26,
+// put_remediation) with compare-and-set on b.ResourceVersion (0: create);
+// the ID is always BrakeID. An Engaged change appends "brake_engaged" or
+// "brake_released" (subject remediation/brake) with w. Errors:
+// ErrConflict, ErrNotFound, *UnsupportedByClusterError (a node predates
+// command 26), ErrNotLeader.
+func (s *Store) PutRepairBrake(ctx context.Context, b RepairBrake, w W) (RepairBrake, error) {
+	return one[RepairBrake](s.write(ctx, &command{Type: CmdPutRemediation, W: w, Brake: &b}))
 }
 
 // DeleteMachine removes machine id and its index entries (ErrNotFound if

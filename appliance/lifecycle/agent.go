@@ -120,6 +120,9 @@ func (c *Controller) finishInspection(ctx context.Context, id string) (store.Mac
 		if m.State != store.StateInspecting || m.Discovered == nil {
 			return errNoChange
 		}
+		if c.reinspected(m, c.now()) {
+			return nil // the ladder's reinspect found a difference: declared failed (remediation.go)
+		}
 		if b := blocking(m.Diff); len(b) > 0 {
 			m.State = store.StateQuarantined
 			m.Reason = ReasonHardwareMismatch
@@ -182,6 +185,7 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 			m.Reason, m.Message = ReasonBuildStarted, ""
 			m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
 			m.Step.Attempt = 1
+			c.reprovisionStarts(m, now) // a ladder at reinspect moves to reprovision
 			return nil
 		})
 		if err != nil {
@@ -222,7 +226,7 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 			return agentapi.Task{Action: agentapi.ActionInspect, PollAfter: c.cfg.AgentPollAfter}, nil
 		}
 		return wait, nil
-	case store.StateRetired:
+	case store.StateRetired, store.StateRMA:
 		return agentapi.Task{Action: agentapi.ActionPowerOff}, nil
 	}
 	return wait, nil
@@ -493,6 +497,19 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 			// (BootFor → local disk) or RebootTimeout.
 			m.Reason, m.Message = ReasonBuildComplete, msgRebooting
 			m.Step.Deadline = now.Add(c.cfg.RebootTimeout)
+		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase &&
+			m.Reason == ReasonEraseForRMA:
+			// Declared failed: the ladder's next tick moves it to rma (the
+			// erase's outcome goes into its report; remediation.go).
+			m.Claim = nil
+			m.Message = "erased; rma follows"
+			m.Step.Deadline = time.Time{}
+		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase &&
+			m.Reason == ReasonEraseForRetire:
+			m.Claim = nil
+			m.State = store.StateRetired
+			m.Reason, m.Message = ReasonRetired, "every disk erased; retired"
+			m.Step.Deadline = time.Time{}
 		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase:
 			m.Claim = nil
 			if why := reinspectAfterErase(*m); why != "" {

@@ -158,6 +158,11 @@ type Config struct {
 	MinReadMBps float64
 	// MemoryTolerance: discovered memory may be this fraction below intended without a diff.
 	MemoryTolerance float64
+	// Remediation configures the day-2 ladder, drain, spares, brake and the
+	// BMC health poll (remediation_config.go).
+	Remediation RemediationConfig
+	// Health reads a machine's BMC health (nil: no BMC health poll).
+	Health HealthReader
 	// Sealer encrypts BMC passwords (EnrollBMC). Catalog stores image files (UploadImage).
 	Sealer  Sealer
 	Catalog Catalog
@@ -212,7 +217,7 @@ func (c *Config) Validate() error {
 	if c.MemoryTolerance < 0 || c.MemoryTolerance >= 1 {
 		return fmt.Errorf("%w: MemoryTolerance %v: want 0 <= x < 1", ErrConfig, c.MemoryTolerance)
 	}
-	return nil
+	return c.Remediation.Validate()
 }
 
 func (c *Config) applyDefaults() {
@@ -264,6 +269,7 @@ func (c *Config) applyDefaults() {
 	if c.MemoryTolerance == 0 {
 		c.MemoryTolerance = DefaultMemoryTolerance
 	}
+	c.Remediation.applyDefaults(c)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

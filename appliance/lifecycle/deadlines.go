@@ -38,7 +38,12 @@ func (c *Controller) checkDeadlines(ctx context.Context) error {
 			case pastDeadline(m, now):
 				if _, err := c.failTimeout(ctx, m.ID, now); err != nil {
 					errs = append(errs, err)
+				} else {
+					c.timeoutSignal(ctx, m)
 				}
+			case agentSilent(m, now, c.cfg.Remediation.AgentSilentAfter):
+				c.recordKiln(ctx, m.ID, CondAgentSilent, store.HealthWarning, string(m.State),
+					fmt.Sprintf("step %s (%s) not refreshed since %s", m.Step.Step, m.Step.State, m.Step.At.Format(time.RFC3339)))
 			}
 		}
 	}
@@ -81,4 +86,34 @@ func (c *Controller) failTimeout(ctx context.Context, id string, now time.Time) 
 		m.Step.State, m.Step.Reason = "failed", ReasonTimeout
 		return nil
 	})
+}
+
+// timeoutSignal records Kiln's own health condition for a machine that
+// failed on time (m as it was before): boot_missing when the agent never
+// reported after a power action (a pending step), build_stalled when a
+// build step passed its deadline. Both Critical: a claimed machine's
+// ladder starts on them.
+func (c *Controller) timeoutSignal(ctx context.Context, m store.Machine) {
+	switch {
+	case m.Step.State == stepPending:
+		c.recordKiln(ctx, m.ID, CondBootMissing, store.HealthCritical, string(m.State),
+			fmt.Sprintf("no agent report for step %s by %s", m.Step.Step, m.Step.Deadline.Format(time.RFC3339)))
+	case m.State == store.StateProvisioning:
+		c.recordKiln(ctx, m.ID, CondBuildStalled, store.HealthCritical, m.Step.Step,
+			fmt.Sprintf("step %s (%s) passed its deadline %s", m.Step.Step, m.Step.State, m.Step.Deadline.Format(time.RFC3339)))
+	}
+}
+
+// agentSilent: m's agent is in a started or running step whose record was
+// not refreshed for after, and m has no agent_silent condition yet.
+func agentSilent(m store.Machine, now time.Time, after time.Duration) bool {
+	if m.Step == nil || (m.Step.State != "started" && m.Step.State != "running") || now.Sub(m.Step.At) <= after {
+		return false
+	}
+	for _, h := range m.Health {
+		if h.Type == CondAgentSilent && h.Since.After(m.Step.At) {
+			return false
+		}
+	}
+	return true
 }

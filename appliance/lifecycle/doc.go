@@ -87,4 +87,9 @@
 //	kiln_lifecycle_jobs_total{kind,result}         BMC jobs finished (succeeded|failed)
 //	kiln_lifecycle_discoveries_dropped_total{reason} unknown MACs not recorded (rate|cap)
 //	kiln_lifecycle_boots_held_total{reason}        netboots answered ErrAgentActive (agent_active|unknown|raced)
+//	kiln_remediation_brake_engaged{scope}          gauge 0/1: the remediation brake is engaged for site|rack|claim
+//	kiln_spares_available{class}                   gauge, spare machines per hardware class (label kiln.io/class)
+//	kiln_spares_low_threshold{class}               gauge, the spare count at or below which spares are low
+//	kiln_remediations_total{step,result}           ladder steps finished (power_cycle|reinspect|reprovision|erase|drain|spare)
+//	kiln_health_reads_total{result}                BMC health reads by the poll (ok|failed)
 package lifecycle

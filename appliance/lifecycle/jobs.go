@@ -53,13 +53,20 @@ type bmcWork struct {
 // onDone with the outcome once a worker ran them. It returns false (and
 // queues nothing) when a sequence for m is already queued or running.
 func (c *Controller) enqueuePXEBoot(ctx context.Context, m store.Machine, onDone func(ctx context.Context, err error)) (bool, error) {
+	return c.enqueueJobs(ctx, m, []string{JobBootPXE, JobPowerCycle}, store.W{Actor: ActorController, Reason: "queued"}, onDone)
+}
+
+// enqueueJobs queues the jobs kinds for m (created pending with w, so the
+// job events carry who asked and why) and calls onDone with the outcome
+// once a worker ran them. It returns false (and queues nothing) when a
+// sequence for m is already queued or running.
+func (c *Controller) enqueueJobs(ctx context.Context, m store.Machine, kinds []string, w store.W, onDone func(ctx context.Context, err error)) (bool, error) {
 	if !c.jobs.reserve(m.ID) {
 		return false, nil
 	}
 	work := bmcWork{machine: m.ID, mode: m.BootMode, onDone: onDone}
-	for _, kind := range []string{JobBootPXE, JobPowerCycle} {
-		j, err := c.st.PutJob(ctx, store.Job{Machine: m.ID, Kind: kind, State: JobPending},
-			store.W{Actor: ActorController, Reason: "queued"})
+	for _, kind := range kinds {
+		j, err := c.st.PutJob(ctx, store.Job{Machine: m.ID, Kind: kind, State: JobPending}, w)
 		if err != nil {
 			// Jobs already created stay visible; close them as failed.
 			for _, pj := range work.jobs {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,10 @@ type Store interface {
 	PutJob(ctx context.Context, j store.Job, w store.W) (store.Job, error)
 	AppendEvents(ctx context.Context, evs []store.Event) error
 	CountByState() (map[store.MachineState]int, error)
+	// GetRepairBrake and PutRepairBrake are the remediation brake record
+	// (store command 26 put_remediation; brake.go).
+	GetRepairBrake() (store.RepairBrake, error)
+	PutRepairBrake(ctx context.Context, b store.RepairBrake, w store.W) (store.RepairBrake, error)
 }
 
 // Controller is the lifecycle controller. Its methods are safe for
@@ -68,6 +73,10 @@ type Controller struct {
 	disc    discoveryLimiter // discovery.go
 	steps   stepTimer        // agent.go
 	uploads uploadSet        // catalog.go
+	health  healthPoller     // health.go
+	spares  spareState       // spares.go
+	rm      *remMetrics      // remediation.go
+	httpc   *http.Client     // drain webhooks (drain.go)
 	log     atomic.Pointer[slog.Logger]
 }
 
@@ -86,8 +95,12 @@ func New(cfg Config, st Store, bmc BMC, reg *prometheus.Registry) (*Controller, 
 	if err != nil {
 		return nil, err
 	}
+	rm, err := newRemMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	c := &Controller{
-		cfg: cfg, st: st, bmc: bmc, m: m,
+		cfg: cfg, st: st, bmc: bmc, m: m, rm: rm, httpc: &http.Client{},
 		jobs: newJobQueue(),
 		disc: discoveryLimiter{rate: cfg.DiscoverRate, burst: float64(cfg.DiscoverBurst)},
 	}
@@ -111,6 +124,13 @@ func (c *Controller) Run(ctx context.Context, log *slog.Logger) error {
 		go func() {
 			defer wg.Done()
 			c.worker(ctx)
+		}()
+	}
+	if c.cfg.Health != nil && c.cfg.Remediation.HealthPollInterval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.healthLoop(ctx)
 		}()
 	}
 	t := time.NewTicker(c.cfg.Interval)
@@ -147,6 +167,9 @@ func (c *Controller) Tick(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := c.remediate(ctx); err != nil && !errNotV3(err) {
+		errs = append(errs, err)
+	}
 	if counts, err := c.st.CountByState(); err == nil {
 		for _, s := range store.AllStates {
 			c.m.machines.WithLabelValues(string(s)).Set(float64(counts[s]))
@@ -155,6 +178,25 @@ func (c *Controller) Tick(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// healthLoop runs PollHealth every remediation HealthPollInterval while
+// this node leads, until ctx ends.
+func (c *Controller) healthLoop(ctx context.Context) {
+	t := time.NewTicker(min(c.cfg.Remediation.HealthPollInterval, c.cfg.Remediation.HealthPollBackoff, c.cfg.Interval*5))
+	defer t.Stop()
+	for {
+		if c.st.IsLeader() {
+			if err := c.PollHealth(ctx); err != nil && ctx.Err() == nil {
+				c.logger().Warn("bmc health poll", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (c *Controller) logger() *slog.Logger { return c.log.Load() }

@@ -448,10 +448,13 @@ func TestDiffPolicyOverride(t *testing.T) {
 }
 
 // TestDeadlines: a step past its deadline fails the machine with reason
-// timeout; heartbeats do not extend a step's deadline.
+// timeout; heartbeats do not extend a step's deadline. (Remediation is off:
+// the build_stalled condition would start the ladder on the claimed
+// machine, TestBuildStallStartsLadder.)
 func TestDeadlines(t *testing.T) {
 	h := newHarness(t, newStore(t), func(c *Config) {
 		c.StepDeadlines = map[string]time.Duration{"write": time.Minute}
+		c.Remediation.Mode = RemediateOff
 	})
 	ms := importPlan(t, h)
 	a := ms[0]

@@ -47,6 +47,7 @@ func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w
 		}
 		claim := cl
 		m.Claim = &claim
+		clearConditions(m, store.HealthSourceOwner, store.HealthSourceKiln) // about an earlier claim
 		return nil
 	})
 	if err != nil {
@@ -109,7 +110,16 @@ func (c *Controller) ClaimMachines(ctx context.Context, role string, labels map[
 		for i := range picked {
 			claim := cl
 			claim.Role = role
+			if len(labels) > 0 {
+				// The selector is kept: a spare that replaces this machine
+				// must match it (spares.go).
+				claim.Selector = make(map[string]string, len(labels))
+				for k, v := range labels {
+					claim.Selector[k] = v
+				}
+			}
 			picked[i].Claim = &claim
+			clearConditions(&picked[i], store.HealthSourceOwner, store.HealthSourceKiln) // about an earlier claim
 		}
 		out, err := c.st.PutMachines(ctx, picked, w)
 		if errors.Is(err, store.ErrConflict) {
@@ -213,6 +223,7 @@ func (c *Controller) startErase(ctx context.Context, op, id string, from []store
 		}
 		m.State = store.StateErasing
 		m.Claim = nil
+		clearConditions(m, store.HealthSourceOwner) // the owner's conditions end with its claim
 		m.Step = pendingStep(agentapi.StepErase, now, now.Add(c.cfg.BootTimeout))
 		return nil
 	})

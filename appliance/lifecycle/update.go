@@ -185,7 +185,41 @@ func cloneMachine(m store.Machine) store.Machine {
 	out.Diff = append([]store.FieldDiff(nil), m.Diff...)
 	if m.Claim != nil {
 		cl := *m.Claim
+		cl.Selector = cloneMap(m.Claim.Selector)
 		out.Claim = &cl
+	}
+	if m.Maintenance != nil {
+		mt := *m.Maintenance
+		out.Maintenance = &mt
+	}
+	out.Health = append([]store.HealthCondition(nil), m.Health...)
+	if len(m.Health) == 0 {
+		out.Health = nil
+	}
+	if m.Remediation != nil {
+		r := *m.Remediation
+		r.History = append([]store.RemediationStep(nil), r.History...)
+		if r.Baseline != nil {
+			b := *r.Baseline
+			r.Baseline = &b
+		}
+		if r.Report != nil {
+			rep := *r.Report
+			rep.Diff = append([]store.FieldDiff(nil), rep.Diff...)
+			rep.BMCEvents = append([]store.BMCEvent(nil), rep.BMCEvents...)
+			rep.Conditions = append([]store.HealthCondition(nil), rep.Conditions...)
+			r.Report = &rep
+		}
+		if r.Claim != nil {
+			cl := *r.Claim
+			cl.Selector = cloneMap(r.Claim.Selector)
+			r.Claim = &cl
+		}
+		out.Remediation = &r
+	}
+	if m.Drain != nil {
+		d := *m.Drain
+		out.Drain = &d
 	}
 	if m.Step != nil {
 		s := *m.Step
@@ -197,5 +231,16 @@ func cloneMachine(m store.Machine) store.Machine {
 	}
 	out.Intended.NICs = append([]store.NIC(nil), m.Intended.NICs...)
 	out.Intended.Disks = append([]store.Disk(nil), m.Intended.Disks...)
+	return out
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
 	return out
 }

@@ -51,7 +51,7 @@ func addClientCommands(root *cobra.Command) {
 	pf.StringVarP(&o.output, "output", "o", outTable, "output format: table, json or yaml")
 
 	for _, c := range []*cobra.Command{machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o),
-		sitesCmd(o), racksCmd(o), clusterCmd(o), siteCmd(o), backupCmd(o), restoreCmd(), leasesCmd(o)} {
+		sitesCmd(o), racksCmd(o), clusterCmd(o), siteCmd(o), backupCmd(o), restoreCmd(), remediationCmd(o), leasesCmd(o)} {
 		o.explainAll(c)
 		root.AddCommand(c)
 	}
@@ -244,6 +244,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 		actionCmd(o, "release", "Release a provisioned machine (it is erased, then available)", (*client.Client).Release),
 		actionCmd(o, "erase", "Erase a machine's disks", (*client.Client).Erase),
 		actionCmd(o, "inspect", "(Re)inspect a machine's hardware", (*client.Client).Inspect))
+	c.AddCommand(remediationMachineCmds(o)...) // cli_remediation.go
 	return c
 }
 

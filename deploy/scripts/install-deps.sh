@@ -36,7 +36,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # Services from these packages (kea, nginx) must not start on the host:
+  # Services from these packages (kea, nginx, prometheus) must not start on the host:
   # the tests start their own instances inside network namespaces.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d

@@ -3,6 +3,7 @@ package rules
 import (
 	"fmt"
 	"net/netip"
+	"net/url"
 	"sort"
 
 	"kiln/store"
@@ -174,7 +175,55 @@ func CheckClaim(field string, cl store.Claim) error {
 	if err := text(field+".role", cl.Role, MaxTextLen); err != nil {
 		return err
 	}
+	if err := CheckWebhookURL(cl.DrainWebhook); err != nil {
+		return bad(field+".drain_webhook", "%v", err)
+	}
+	if err := CheckLabels(field+".selector", cl.Selector); err != nil {
+		return err
+	}
 	return CheckLabels(field+".labels", cl.Labels)
+}
+
+// MaxWebhookLen bounds a webhook URL (bytes).
+const MaxWebhookLen = 2048
+
+// CheckWebhookURL checks a URL Kiln POSTs to (a claim's drain webhook):
+// empty, or an absolute http or https URL with a host and no user
+// information, at most MaxWebhookLen bytes.
+func CheckWebhookURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if len(s) > MaxWebhookLen || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return fmt.Errorf("%q: want an http(s)://host/... URL without credentials, at most %d bytes", s, MaxWebhookLen)
+	}
+	return nil
+}
+
+// Health report values (POST /v1/machines/{id}/health).
+const (
+	MaxConditionTypeLen = 63
+)
+
+// CheckHealthReport checks an owner's health report: a condition type of 1
+// to MaxConditionTypeLen letters, digits, '.', '_', '-' or '/' (as a label
+// key), a status of OK, Warning or Critical (Redfish Resource.Health), a
+// reason (label-key characters, at most MaxConditionTypeLen, may be empty)
+// and a message of free text (MaxTextLen). Errors: *FieldError.
+func CheckHealthReport(condType, status, reason, message string) error {
+	if condType == "" || len(condType) > MaxConditionTypeLen || !labelKeyRe.MatchString(condType) {
+		return bad("type", "%q: want 1 to %d letters, digits, '.', '_', '-' or '/', starting and ending with a letter or digit", condType, MaxConditionTypeLen)
+	}
+	switch status {
+	case store.HealthOK, store.HealthWarning, store.HealthCritical:
+	default:
+		return bad("status", "%q: want OK, Warning or Critical", status)
+	}
+	if reason != "" && (len(reason) > MaxConditionTypeLen || !labelKeyRe.MatchString(reason)) {
+		return bad("reason", "%q: want up to %d letters, digits, '.', '_', '-' or '/'", reason, MaxConditionTypeLen)
+	}
+	return text("message", message, MaxTextLen)
 }
 
 // CheckBMCDriver checks a BMC driver name: redfish, ipmi or auto (probe

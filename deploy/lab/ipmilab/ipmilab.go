@@ -33,7 +33,7 @@ type Options struct {
 	User       string // the one admin user (user ID 2)
 	Password   string
 	StateDir   string   // lan.conf, qemu.args, logs, the chassis program's files (created)
-	LabDir     string   // deploy/lab/ipmi: lan.conf.in, bmc.emu, chassis.sh
+	LabDir     string   // deploy/lab/ipmi: lan.conf.in, bmc.emu, sensors.emu.in, chassis.sh
 	QEMUArgs   []string // the VM's command line, one argument a line in StateDir/qemu.args
 	// DieWithParent kills ipmi_sim when the process that started it dies
 	// (Pdeathsig), e.g. for tests; the lab demo leaves it running instead.
@@ -50,7 +50,8 @@ type BMC struct {
 	done     chan struct{} // closed when ipmi_sim has exited and its log is closed
 }
 
-// Start writes StateDir/qemu.args and StateDir/lan.conf, starts ipmi_sim in
+// Start writes StateDir/qemu.args, StateDir/lan.conf, StateDir/bmc.emu (the lab's
+// bmc.emu and sensors.emu.in) and StateDir/cpu-temp (NormalCPUTemp), starts ipmi_sim in
 // o.NetNS (its persistent state in StateDir/sim, output in
 // StateDir/ipmi_sim.log) and probes it with ipmitool (one try every ~200 ms,
 // 50 tries) until it answers. On a failed probe it stops ipmi_sim and returns
@@ -82,6 +83,31 @@ func Start(ctx context.Context, o Options) (*BMC, error) {
 	conf := strings.NewReplacer("@NAME@", o.Name, "@ADDR@", o.Addr, "@PORT@", strconv.Itoa(o.Port),
 		"@USER@", o.User, "@PASSWORD@", o.Password, "@CHASSIS@", filepath.Join(o.LabDir, "chassis.sh"),
 		"@STATEDIR@", o.StateDir).Replace(string(tmpl))
+	// the command file: bmc.emu, then the sensors (sensors.emu.in with @STATEDIR@ filled),
+	// whose CPU temperature reading ipmi_sim polls from StateDir/cpu-temp
+	emu, err := os.ReadFile(filepath.Join(o.LabDir, "bmc.emu"))
+	if err != nil {
+		return nil, err
+	}
+	sensors, err := os.ReadFile(filepath.Join(o.LabDir, "sensors.emu.in"))
+	if err != nil {
+		return nil, err
+	}
+	emuPath := filepath.Join(o.StateDir, "bmc.emu")
+	emu = append(append(emu, '\n'), strings.ReplaceAll(string(sensors), "@STATEDIR@", o.StateDir)...)
+	if err := os.WriteFile(emuPath, emu, 0o644); err != nil {
+		return nil, err
+	}
+	// ipmi_sim persists the main SDR repository (mc_add persist_sdr) under
+	// sim/ipmi_sim/NAME; the command file adds the sensor's record at every start, so a
+	// restart on the same StateDir drops the old copy first
+	if err := os.Remove(filepath.Join(simState, "ipmi_sim", o.Name, "sdr.20.main")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	b0 := &BMC{StateDir: o.StateDir}
+	if err := b0.SetCPUTemp(NormalCPUTemp); err != nil {
+		return nil, err
+	}
 	confPath := filepath.Join(o.StateDir, "lan.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return nil, err
@@ -92,7 +118,7 @@ func Start(ctx context.Context, o Options) (*BMC, error) {
 		return nil, err
 	}
 	cmd := exec.Command("ip", "netns", "exec", o.NetNS, "ipmi_sim", "-c", confPath,
-		"-f", filepath.Join(o.LabDir, "bmc.emu"), "-s", simState, "-n")
+		"-f", emuPath, "-s", simState, "-n")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if o.DieWithParent {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -114,6 +140,26 @@ func Start(ctx context.Context, o Options) (*BMC, error) {
 	}
 	b.Close()
 	return nil, fmt.Errorf("%w on %s:%d (see %s)", ErrNotReady, o.Addr, o.Port, logPath)
+}
+
+// NormalCPUTemp is the lab BMC's CPU Temp reading at start (degrees C); its
+// thresholds are 80 (upper non-critical) and 90 (upper critical), see
+// deploy/lab/ipmi/sensors.emu.in.
+const NormalCPUTemp = 40
+
+// SetCPUTemp sets the reading of the BMC's "CPU Temp" sensor (sensor 1,
+// degrees C, 0..255): ipmi_sim reads it from StateDir/cpu-temp within
+// ~500 ms, and logs SEL threshold events when it crosses 80 or 90.
+func (b *BMC) SetCPUTemp(c int) error {
+	if c < 0 || c > 255 {
+		return fmt.Errorf("%w: CPU temperature %d outside 0..255", ErrOptions, c)
+	}
+	p := filepath.Join(b.StateDir, "cpu-temp")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(c)+"\n"), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
 }
 
 // Close stops ipmi_sim (SIGKILL) and every VM the chassis program started

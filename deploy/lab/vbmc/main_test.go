@@ -15,8 +15,8 @@ import (
 
 // TestBinaryWithCurl builds the vbmc command, runs it on loopback and talks to it with
 // curl (a real Redfish-agnostic HTTPS client): unauthenticated service root, 401 without
-// credentials, the system with Basic auth, a power-on that fails cleanly because the VM
-// command is /bin/false, and a clean exit on SIGTERM.
+// credentials, the system with Basic auth, the health knob, a power-on that fails cleanly
+// because the VM command is /bin/false, and a clean exit on SIGTERM.
 func TestBinaryWithCurl(t *testing.T) {
 	testreq.Commands(t, "curl")
 	curl, _ := exec.LookPath("curl")
@@ -65,6 +65,20 @@ func TestBinaryWithCurl(t *testing.T) {
 		"-d", `{"Boot":{"BootSourceOverrideMode":"UEFI"}}`, base+"/redfish/v1/Systems/1")
 	if !strings.HasSuffix(out, "400") || !strings.Contains(out, "PropertyNotWritable") {
 		t.Fatalf("reject-mode quirk: %q", out)
+	}
+	// the health knob, as a lab script drives it
+	out = get("-u", "admin:curl-Secret-1", "-X", "POST", "-d", `{"system":"Critical","chassis":"OK","event":"CPU1 IERR"}`,
+		base+"/vbmc/control/systems/1/health")
+	if !strings.HasSuffix(out, "200") || !strings.Contains(out, `"system":"Critical"`) {
+		t.Fatalf("health knob: %q", out)
+	}
+	out = get("-u", "admin:curl-Secret-1", base+"/redfish/v1/Systems/1")
+	if !strings.Contains(out, `"Health":"Critical"`) {
+		t.Fatalf("system after the knob: %q", out)
+	}
+	out = get("-u", "admin:curl-Secret-1", base+"/redfish/v1/Systems/1/LogServices/SEL/Entries")
+	if !strings.HasSuffix(out, "200") || !strings.Contains(out, `"Message":"CPU1 IERR"`) || !strings.Contains(out, `"Severity":"Critical"`) {
+		t.Fatalf("SEL entries: %q", out)
 	}
 	out = get("-u", "admin:curl-Secret-1", "-X", "POST", "-d", `{"ResetType":"On"}`,
 		base+"/redfish/v1/Systems/1/Actions/ComputerSystem.Reset")

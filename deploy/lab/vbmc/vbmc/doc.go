@@ -1,6 +1,7 @@
 // Package vbmc is Kiln's virtual Redfish BMC for the lab and the tests: a small HTTPS
 // Redfish service (DSP0266; ServiceRoot, SessionService, one ComputerSystem with Boot
-// override and ComputerSystem.Reset, EthernetInterfaces, one Manager, one Chassis) that
+// override and ComputerSystem.Reset, EthernetInterfaces, a SEL LogService, one Manager,
+// one Chassis per system, each with Status.Health set by [Server.SetHealth]) that
 // drives a qemu VM through QMP (qemu's JSON machine protocol on a unix socket), the way
 // sushy-tools drives libvirt.
 //

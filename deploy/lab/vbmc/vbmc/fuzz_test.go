@@ -67,3 +67,35 @@ func TestParseQuirk(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseHealthUpdate: the health knob's body is accepted only with values from the
+// enums, and then applies to a server without error.
+func FuzzParseHealthUpdate(f *testing.F) {
+	for _, s := range []string{`{"system":"Critical","chassis":"OK","event":"CPU1 IERR"}`, `{"system":"null"}`,
+		`{"event":"x","severity":"Warning","clear_log":true}`, `{"system":"Bad"}`, `{}`, `{"x":1}`, `[`, `{"severity":"OK"}`} {
+		f.Add([]byte(s))
+	}
+	srv, err := New(Config{Listen: "127.0.0.1:0", Username: "u", Password: "p", QEMUArgs: []string{"/bin/false"}, StateDir: f.TempDir()})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = srv.ln.Close() })
+	f.Fuzz(func(t *testing.T, b []byte) {
+		u, err := ParseHealthUpdate(b)
+		if err != nil {
+			return
+		}
+		for _, v := range []string{u.System, u.Chassis} {
+			if v != "" && !healthAllowed[v] {
+				t.Fatalf("accepted health %q", v)
+			}
+		}
+		if err := srv.SetHealth("1", u); err != nil {
+			t.Fatalf("accepted %q but SetHealth: %v", b, err)
+		}
+		h, _ := srv.Health("1")
+		if (u.System != "" && h.System != u.System) || (u.Chassis != "" && h.Chassis != u.Chassis) {
+			t.Fatalf("%q applied as %+v", b, h)
+		}
+	})
+}

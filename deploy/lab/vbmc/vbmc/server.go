@@ -168,6 +168,10 @@ type system struct {
 	boots  []Boot
 	cmd    *exec.Cmd     // qemu-backed only
 	exited chan struct{} // qemu-backed only
+
+	health, chassisHealth string     // Status.Health of the system and its chassis (SetHealth)
+	logs                  []LogEntry // SEL LogService, oldest first
+	nextLog               int
 }
 
 // Server is the virtual BMC. Create with New, serve with Run.
@@ -231,7 +235,7 @@ func New(cfg Config) (*Server, error) {
 		if sc.UUID == "" {
 			sc.UUID = fmt.Sprintf("5e1f0000-0000-4000-8000-%012d", i+1)
 		}
-		sys := &system{cfg: sc, boot: bootState{"None", "Disabled", sc.InitialMode}}
+		sys := &system{cfg: sc, boot: bootState{"None", "Disabled", sc.InitialMode}, health: "OK", chassisHealth: "OK"}
 		if sc.Addr.IsValid() {
 			if s.byAddr[sc.Addr] != nil {
 				return nil, fmt.Errorf("%w: address %s for two systems", ErrConfig, sc.Addr)
@@ -597,6 +601,14 @@ func (s *Server) handler() http.Handler {
 		}
 		return out
 	}
+	chassisLinks := func(r *http.Request) []any {
+		var out []any
+		for _, sys := range s.visible(r) {
+			out = append(out, odata(chassisPath(sys)))
+		}
+		return out
+	}
+	s.healthRoutes(mux)
 	mux.HandleFunc("GET /redfish/v1/Managers", s.authed(s.json(func() any {
 		return collection("/redfish/v1/Managers", "#ManagerCollection.ManagerCollection", []string{"/redfish/v1/Managers/1"})
 	})))
@@ -605,19 +617,27 @@ func (s *Server) handler() http.Handler {
 			"Id": "1", "Name": "Kiln vbmc", "ManagerType": "BMC", "FirmwareVersion": "kiln-vbmc-1",
 			"Status": map[string]string{"State": "Enabled", "Health": "OK"},
 			"Links": map[string]any{"ManagerForServers": systemLinks(r),
-				"ManagerForChassis": []any{odata("/redfish/v1/Chassis/1")}}})
+				"ManagerForChassis": chassisLinks(r)}})
 	}))
-	mux.HandleFunc("GET /redfish/v1/Chassis", s.authed(s.json(func() any {
-		return collection("/redfish/v1/Chassis", "#ChassisCollection.ChassisCollection", []string{"/redfish/v1/Chassis/1"})
-	})))
-	mux.HandleFunc("GET /redfish/v1/Chassis/1", s.authed(func(w http.ResponseWriter, r *http.Request) {
-		first := s.visible(r)[0]
-		writeJSON(w, 200, map[string]any{"@odata.id": "/redfish/v1/Chassis/1", "@odata.type": "#Chassis.v1_14_0.Chassis",
-			"Id": "1", "Name": "Chassis", "ChassisType": "RackMount", "SerialNumber": first.cfg.Serial,
-			"Manufacturer": first.cfg.Manufacturer, "Model": first.cfg.Model, "PowerState": first.powerState(),
-			"Links": map[string]any{"ComputerSystems": systemLinks(r),
+	mux.HandleFunc("GET /redfish/v1/Chassis", s.authed(func(w http.ResponseWriter, r *http.Request) {
+		var ids []string
+		for _, sys := range s.visible(r) {
+			ids = append(ids, chassisPath(sys))
+		}
+		writeJSON(w, 200, collection("/redfish/v1/Chassis", "#ChassisCollection.ChassisCollection", ids))
+	}))
+	// one Chassis per system, with the system's ID
+	mux.HandleFunc("GET /redfish/v1/Chassis/{id}", s.authed(s.onSystem(func(w http.ResponseWriter, r *http.Request, sys *system) {
+		sys.mu.Lock()
+		h := sys.chassisHealth
+		sys.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"@odata.id": chassisPath(sys), "@odata.type": "#Chassis.v1_14_0.Chassis",
+			"Id": sys.cfg.ID, "Name": "Chassis", "ChassisType": "RackMount", "SerialNumber": sys.cfg.Serial,
+			"Manufacturer": sys.cfg.Manufacturer, "Model": sys.cfg.Model, "PowerState": sys.powerState(),
+			"Status": status(h),
+			"Links": map[string]any{"ComputerSystems": []any{odata(systemPath(sys))},
 				"ManagedBy": []any{odata("/redfish/v1/Managers/1")}}})
-	}))
+	})))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w, status: 200}
 		if d := s.cfg.Quirks.Slow; d > 0 {
@@ -752,20 +772,20 @@ var resetTypes = []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", 
 
 func (s *Server) system(sys *system) any {
 	sys.mu.Lock()
-	b := sys.boot
+	b, h := sys.boot, sys.health
 	sys.mu.Unlock()
 	c := sys.cfg
 	p := systemPath(sys)
 	return map[string]any{"@odata.id": p, "@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
 		"Id": c.ID, "Name": "vbmc system " + c.ID, "SystemType": "Virtual", "Manufacturer": c.Manufacturer,
 		"Model": c.Model, "SerialNumber": c.Serial, "UUID": c.UUID, "PowerState": sys.powerState(),
-		"Status": map[string]string{"State": "Enabled", "Health": "OK"},
+		"Status": status(h),
 		"Boot": map[string]any{"BootSourceOverrideTarget": b.Target, "BootSourceOverrideEnabled": b.Enabled,
 			"BootSourceOverrideMode":                           b.Mode,
 			"BootSourceOverrideTarget@Redfish.AllowableValues": []string{"None", "Pxe", "Hdd", "Cd", "BiosSetup"}},
-		"EthernetInterfaces": odata(p + "/EthernetInterfaces"),
+		"EthernetInterfaces": odata(p + "/EthernetInterfaces"), "LogServices": odata(p + "/LogServices"),
 		"Links": map[string]any{"ManagedBy": []any{odata("/redfish/v1/Managers/1")},
-			"Chassis": []any{odata("/redfish/v1/Chassis/1")}},
+			"Chassis": []any{odata(chassisPath(sys))}},
 		"Actions": map[string]any{"#ComputerSystem.Reset": map[string]any{
 			"target":                            p + "/Actions/ComputerSystem.Reset",
 			"ResetType@Redfish.AllowableValues": resetTypes}},
