@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"kiln/api/agentapi"
@@ -171,14 +172,46 @@ func (a *Agent) Erase(ctx context.Context, task *agentapi.Task) error {
 	}
 	targets := eraseTargets(a.cfg.Root, disks)
 	p := a.startProgress(ctx, agentapi.StepErase, task.Heartbeat)
-	certs := make([]agentapi.DiskErase, 0, len(targets))
+	certs := make([]agentapi.DiskErase, len(targets))
+	// Disks are erased in parallel (the time is the slowest disk's, not the sum), except
+	// the namespaces of one NVMe controller: a Sanitize covers the whole controller.
+	var mu sync.Mutex
+	fracs := make([]float64, len(targets))
+	groups := map[string][]int{}
+	var order []string
 	for i, t := range targets {
-		i := i
-		frac := func(f float64) { p.set((float64(i) + f) / float64(len(targets))) }
-		c := a.eraseDisk(ctx, t, pol, frac)
-		a.say("erase %s", certLine(c))
-		certs = append(certs, c)
+		k := eraseGroup(t.disk.Name)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
 	}
+	sem := make(chan struct{}, maxParallelErase)
+	var wg sync.WaitGroup
+	for _, k := range order {
+		wg.Add(1)
+		go func(idx []int) {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			for _, i := range idx {
+				frac := func(f float64) {
+					mu.Lock()
+					defer mu.Unlock()
+					fracs[i] = f
+					var sum float64
+					for _, x := range fracs {
+						sum += x
+					}
+					p.set(sum / float64(len(fracs)))
+				}
+				c := a.eraseDisk(ctx, targets[i], pol, frac)
+				a.say("erase %s", certLine(c))
+				certs[i] = c
+			}
+		}(groups[k])
+	}
+	wg.Wait()
 	p.end()
 	var bad, erased, skipped []string
 	for _, c := range certs {
@@ -202,6 +235,20 @@ func (a *Agent) Erase(ctx context.Context, task *agentapi.Task) error {
 		return se
 	}
 	return a.report(ctx, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateSucceeded, Progress: 1, Message: summary, Erase: certs})
+}
+
+// maxParallelErase bounds the disks erased at once.
+const maxParallelErase = 16
+
+// eraseGroup is the unit of sequential erasure: the NVMe controller of a namespace
+// (nvme0n1 → nvme0), else the disk itself.
+func eraseGroup(name string) string {
+	if rest, ok := strings.CutPrefix(name, "nvme"); ok {
+		if i := strings.IndexByte(rest, 'n'); i > 0 {
+			return "nvme" + rest[:i]
+		}
+	}
+	return name
 }
 
 // certLine is the one-line console form of a certificate.

@@ -247,7 +247,7 @@ func ataPasswordBlock(control uint16) []byte {
 // canaries; every attempt is recorded in c. It returns true when the drive is erased.
 // On false, c.Outcome empty means "overwrite next"; set, it is final (frozen under
 // OnFrozen=fail, locked).
-func (a *Agent) eraseATA(ctx context.Context, dev *Device, c *agentapi.DiskErase, pol agentapi.ErasePolicy) bool {
+func (a *Agent) eraseATA(_ context.Context, dev *Device, c *agentapi.DiskErase, pol agentapi.ErasePolicy) bool {
 	fd := dev.f.Fd()
 	id, err := ataIdentifyDevice(fd)
 	if err != nil {
@@ -270,7 +270,7 @@ func (a *Agent) eraseATA(ctx context.Context, dev *Device, c *agentapi.DiskErase
 		}
 		attempt(c, m, d.Outcome, "%s", d.Why)
 		c.NextStep = d.NextStep
-		if !d.Fallback || (d.Outcome == agentapi.EraseFrozen && pol.OnFrozen == agentapi.OnFrozenFail) {
+		if ataBlockedIsFinal(d, pol) {
 			c.Method, c.Outcome = m, d.Outcome
 			return false
 		}
@@ -330,6 +330,12 @@ func (a *Agent) eraseATA(ctx context.Context, dev *Device, c *agentapi.DiskErase
 	}
 	c.Reason = strings.TrimSuffix(d.Why, ".") + "; the security erase did not complete: overwriting"
 	c.Coverage, c.Verification, c.Mismatches, c.FirstMismatch, c.Verified = 0, "", 0, 0, false
-	_ = ctx
 	return false
+}
+
+// ataBlockedIsFinal says whether a drive ataPlan blocked (d.Outcome set) ends there
+// (its outcome is the disk's) rather than being overwritten: a locked drive refuses
+// writes; a frozen one ends there under ErasePolicy.OnFrozen "fail".
+func ataBlockedIsFinal(d ataDecision, pol agentapi.ErasePolicy) bool {
+	return !d.Fallback || (d.Outcome == agentapi.EraseFrozen && pol.OnFrozen == agentapi.OnFrozenFail)
 }

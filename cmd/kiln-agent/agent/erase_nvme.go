@@ -373,18 +373,31 @@ func nvmeSanitize(ctx context.Context, fd uintptr, sanact uint32) error {
 				deadline = time.Now().Add(2*time.Duration(est)*time.Second + 10*time.Minute)
 			}
 		}
-		switch st.State {
-		case sanInProgress:
-			sawProgress = true
-		case sanCompleted, sanCompletedN:
-			if sawProgress || st.SCDW10&7 == sanact {
-				return nil
-			}
-		case sanFailed:
-			return fmt.Errorf("sanitize failed (Sanitize Status log SSTAT=3)")
+		done, err := sanitizeDone(st, sanact, &sawProgress)
+		if done || err != nil {
+			return err
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("sanitize still in progress (SPROG %d/65536) at its deadline", st.SPROG)
 		}
 	}
+}
+
+// sanitizeDone reads one Sanitize Status log of a sanitize with action sanact that this
+// agent started: done (completed, state 1 or 4, after it was seen in progress or with
+// our action in SCDW10 — a log still describing an earlier sanitize is not taken for
+// ours), an error (state 3, failed), or neither (keep polling). sawProgress records
+// that state 2 (in progress) was seen.
+func sanitizeDone(st sanitizeStatus, sanact uint32, sawProgress *bool) (bool, error) {
+	switch st.State {
+	case sanInProgress:
+		*sawProgress = true
+	case sanCompleted, sanCompletedN:
+		if *sawProgress || st.SCDW10&7 == sanact {
+			return true, nil
+		}
+	case sanFailed:
+		return false, fmt.Errorf("sanitize failed (Sanitize Status log SSTAT=3)")
+	}
+	return false, nil
 }

@@ -320,3 +320,51 @@ func FuzzDescribeSense(f *testing.F) {
 		_ = describeSense(b, 2, 0, 8)
 	})
 }
+
+// TestSanitizeDone: the poll of the Sanitize Status log ends on our sanitize's completion
+// or failure, not on a log still describing an earlier sanitize.
+func TestSanitizeDone(t *testing.T) {
+	const crypto = 4
+	seq := func(states ...sanitizeStatus) (int, error) {
+		saw := false
+		for i, st := range states {
+			done, err := sanitizeDone(st, crypto, &saw)
+			if done || err != nil {
+				return i, err
+			}
+		}
+		return -1, nil
+	}
+	earlierBlock := sanitizeStatus{State: sanCompleted, SCDW10: 2 | 8}
+	if i, err := seq(earlierBlock, sanitizeStatus{State: sanInProgress, SCDW10: 12}, sanitizeStatus{State: sanCompleted, SCDW10: 12}); i != 2 || err != nil {
+		t.Errorf("earlier block erase, then ours: ended at %d (%v)", i, err)
+	}
+	if i, err := seq(earlierBlock, earlierBlock); i != -1 || err != nil {
+		t.Errorf("an earlier sanitize's log was taken for ours: %d %v", i, err)
+	}
+	if i, err := seq(sanitizeStatus{State: sanCompletedN, SCDW10: 12}); i != 0 || err != nil {
+		t.Errorf("completed at once (no deallocation): %d %v", i, err)
+	}
+	if _, err := seq(sanitizeStatus{State: sanInProgress}, sanitizeStatus{State: sanFailed}); err == nil {
+		t.Error("failure not reported")
+	}
+}
+
+func TestATABlockedPolicy(t *testing.T) {
+	frozen := ataDecision{Outcome: agentapi.EraseFrozen, Fallback: true}
+	locked := ataDecision{Outcome: agentapi.EraseFailed, Fallback: false}
+	if ataBlockedIsFinal(frozen, erasePolicy(nil)) || !ataBlockedIsFinal(frozen, erasePolicy(&agentapi.ErasePolicy{OnFrozen: agentapi.OnFrozenFail})) {
+		t.Error("frozen: overwrite by default, final under on_frozen=fail")
+	}
+	if !ataBlockedIsFinal(locked, erasePolicy(nil)) {
+		t.Error("locked drive overwritten")
+	}
+}
+
+func TestEraseGroup(t *testing.T) {
+	for name, want := range map[string]string{"nvme0n1": "nvme0", "nvme12n3": "nvme12", "sda": "sda", "vda": "vda", "nvme": "nvme"} {
+		if got := eraseGroup(name); got != want {
+			t.Errorf("%s: %s, want %s", name, got, want)
+		}
+	}
+}

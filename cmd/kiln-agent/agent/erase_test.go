@@ -240,3 +240,44 @@ func TestPatternIsPositional(t *testing.T) {
 		t.Fatal("pattern of a block differs when generated alone, or repeats")
 	}
 }
+
+// TestEraseEveryDisk: every disk ListDisks returns is erased, not only one
+// chosen by the task's disk rule; the report carries one certificate per disk, in name
+// order; a fault on one disk fails the step and leaves the other erased and certified.
+func TestEraseEveryDisk(t *testing.T) {
+	testreq.Root(t, "loop devices", "losetup")
+	const size = 8 << 20
+	old := make([]byte, size)
+	rand.Read(old)
+	devA, fileA := newLoop(t, size, old)
+	devB, fileB := newLoop(t, size, old)
+	fa := newFakeAppliance(t)
+	fa.tasks = []agentapi.Task{{Action: agentapi.ActionErase, Disk: agentapi.DiskRule{Serial: "A"}, PollAfter: 1e7, Heartbeat: 1e7,
+		ErasePolicy: &agentapi.ErasePolicy{Verify: agentapi.VerifyFull}}}
+	disks := []agentapi.Disk{{Name: filepath.Base(devA), Path: devA, Serial: "A"}, {Name: filepath.Base(devB), Path: devB, Serial: "B"}}
+	// A fault at 4 MiB: both disks are written by the same faulty writer.
+	runAgentCfg(t, fa, devA, "A", func(c *Config) {
+		c.ListDisks = func() ([]agentapi.Disk, error) { return disks, nil }
+		c.erase = eraseHooks{skipWrite: []byteRange{{4 << 20, eraseBlock}}}
+	})
+	r, _ := fa.final(agentapi.StepErase)
+	if r.State != agentapi.StateFailed || len(r.Erase) != 2 {
+		t.Fatalf("erase: %+v", r)
+	}
+	for _, c := range r.Erase {
+		if c.Outcome != agentapi.EraseVerifyFailed || c.FirstMismatch != 4<<20 || c.Coverage != 1 {
+			t.Errorf("%s: %+v", c.Serial, c)
+		}
+	}
+	if r.Erase[0].Name > r.Erase[1].Name {
+		t.Error("certificates not in name order")
+	}
+	detachLoop(devA, fileA)
+	detachLoop(devB, fileB)
+	for _, f := range []string{fileA, fileB} {
+		after, _ := os.ReadFile(f)
+		if n, first := survivors(old, after); n != 1 || first != 4<<20 {
+			t.Errorf("%s: %d survivors, first %d", f, n, first)
+		}
+	}
+}
