@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"time"
 
 	"kiln/api/agentapi"
 )
@@ -83,6 +84,7 @@ func (a *Agent) overwrite(ctx context.Context, dev *Device, c *agentapi.DiskEras
 		return
 	}
 	buf := make([]byte, writeBufSize)
+	start := time.Now()
 	for off := int64(0); off < dev.Size; off += int64(len(buf)) {
 		if ctx.Err() != nil {
 			fin(agentapi.EraseFailed, "stopped at %d of %d bytes: %v", off, dev.Size, ctx.Err())
@@ -100,6 +102,7 @@ func (a *Agent) overwrite(ctx context.Context, dev *Device, c *agentapi.DiskEras
 		fin(agentapi.EraseFailed, "sync: %v", err)
 		return
 	}
+	writeSecs := time.Since(start).Seconds()
 	var offs []int64 // nil: every block
 	what := "full read-back"
 	if pol.Verify != agentapi.VerifyFull {
@@ -107,6 +110,7 @@ func (a *Agent) overwrite(ctx context.Context, dev *Device, c *agentapi.DiskEras
 		offs = mergeOffsets(offs, headTail(dev.Size))
 		what = fmt.Sprintf("sampled read-back (first and last MiB + %d random 4 KiB blocks)", pol.SampleBlocks)
 	}
+	vstart := time.Now()
 	checked, bad, first, err := verifyPattern(ctx, dev, pat, offs, func(f float64) { frac(0.5 + 0.5*f) })
 	c.Coverage = float64(checked) / float64(dev.Size)
 	if err != nil {
@@ -123,7 +127,8 @@ func (a *Agent) overwrite(ctx context.Context, dev *Device, c *agentapi.DiskEras
 		return
 	}
 	c.Verified = true
-	fin(agentapi.EraseErased, "1 pass AES-128-CTR pattern (random key), %d bytes", dev.Size)
+	fin(agentapi.EraseErased, "1 pass AES-128-CTR pattern (random key), %d bytes written in %.1fs (%.0f MB/s), %d read back in %.1fs",
+		dev.Size, writeSecs, float64(dev.Size)/1e6/max(writeSecs, 1e-9), checked, time.Since(vstart).Seconds())
 }
 
 // headTail returns the 4 KiB block offsets of the first and last MiB of a device.
