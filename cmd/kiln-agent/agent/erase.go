@@ -76,7 +76,8 @@ type eraseTarget struct {
 }
 
 // eraseTargets returns every disk of ListDisks, each marked skipped when it is read-only
-// (sysfs ro) or mounted (the environment's boot medium, or in use), plus the removable
+// (sysfs ro), removable (sysfs removable: USB sticks and virtual media, where the
+// environment may have booted from) or mounted (in use), plus the removable
 // media devices ListDisks leaves out (optical, floppy: a virtual-media boot ISO) that hold
 // a medium, reported as skipped. Sorted by name.
 func eraseTargets(root string, disks []agentapi.Disk) []eraseTarget {
@@ -89,6 +90,8 @@ func eraseTargets(root string, disks []agentapi.Disk) []eraseTarget {
 		sys := filepath.Join(root, "sys/block", d.Name)
 		if readTrimFile(filepath.Join(sys, "ro")) == "1" {
 			t.skip = "read-only device (sysfs ro=1)"
+		} else if d.Removable {
+			t.skip = "removable medium (sysfs removable=1: USB stick, card reader, BMC virtual media; the boot medium when booted from one); not a disk of the machine"
 		} else if m := mountedAt(mounts, d.Path); m != "" {
 			t.skip = "mounted (" + m + "): the environment's boot medium or in use"
 		}

@@ -136,8 +136,8 @@ func TestEraseVerifyCatchesSkippedBlock(t *testing.T) {
 
 func loopName(r agentapi.Report) string { return r.Erase[0].Name }
 
-// TestEraseTargets: every disk of ListDisks is a target; read-only and mounted ones, and
-// an optical drive holding a medium, are reported skipped with the reason; an empty
+// TestEraseTargets: every disk of ListDisks is a target; read-only, removable and mounted
+// ones, and an optical drive holding a medium, are reported skipped with the reason; an empty
 // optical drive is not listed.
 func TestEraseTargets(t *testing.T) {
 	root := t.TempDir()
@@ -157,12 +157,14 @@ func TestEraseTargets(t *testing.T) {
 	wr("sys/block/sr0/device/model", "QEMU DVD-ROM\n")
 	wr("sys/block/sr1/size", "0\n")
 	wr("proc/self/mounts", "none / rootfs rw 0 0\n/dev/sda1 /media ext4 rw 0 0\n")
-	disks := []agentapi.Disk{{Name: "vda", Path: "/dev/vda"}, {Name: "vdb", Path: "/dev/vdb"}, {Name: "sda", Path: "/dev/sda"}}
+	wr("sys/block/sdb/ro", "0\n")
+	disks := []agentapi.Disk{{Name: "vda", Path: "/dev/vda"}, {Name: "vdb", Path: "/dev/vdb"}, {Name: "sda", Path: "/dev/sda"},
+		{Name: "sdb", Path: "/dev/sdb", Removable: true}}
 	got := map[string]string{}
 	for _, tg := range eraseTargets(root, disks) {
 		got[tg.disk.Name] = tg.skip
 	}
-	if len(got) != 4 || got["vda"] != "" || !strings.Contains(got["vdb"], "read-only") ||
+	if len(got) != 5 || got["vda"] != "" || !strings.Contains(got["sdb"], "removable=1") || !strings.Contains(got["vdb"], "read-only") ||
 		!strings.Contains(got["sda"], "/dev/sda1 on /media") || !strings.Contains(got["sr0"], "removable medium") {
 		t.Fatalf("targets: %q", got)
 	}
