@@ -283,3 +283,16 @@ func TestEraseEveryDisk(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPatternFill: the overwrite's pattern generation (AES-128-CTR) per 4 MiB buffer.
+func BenchmarkPatternFill(b *testing.B) {
+	p, err := newPattern()
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, writeBufSize)
+	b.SetBytes(int64(len(buf)))
+	for i := 0; i < b.N; i++ {
+		p.fill(buf, int64(i)*int64(len(buf)))
+	}
+}

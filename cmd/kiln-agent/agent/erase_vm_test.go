@@ -17,15 +17,16 @@ import (
 	"kiln/deploy/lab/testreq"
 )
 
-// TestVMErase boots the in-RAM environment under TCG with three disks full of random
-// data — virtio (KILNVM01), NVMe (NVME0001, QEMU's emulated controller) and SATA on AHCI
-// (SATA0001) — and gives the agent an erase task. Each disk gets the method its device
+// TestVMErase boots the in-RAM environment under TCG with four disks full of random
+// data — virtio (KILNVM01), two namespaces of one NVMe controller (NVME0001, QEMU's
+// emulated controller) and SATA on AHCI (SATA0001) — and gives the agent an erase task. Each disk gets the method its device
 // offers and a certificate in the erase report: NVMe an NVMe method (QEMU's controller
 // decides which, the test logs the Identify capabilities and every attempt); SATA the
 // ATA IDENTIFY through SG_IO and, QEMU's IDE emulating no security feature set, the
 // overwrite; virtio the overwrite. From the host afterwards: no 4 KiB block of the old
 // data is left on any disk, and the NVMe disk reads zeros throughout (the device erased
 // it: the overwrite would leave the pattern).
+// The VM is QEMU's default i440FX machine; the NVMe controller sits on its PCI bus.
 func TestVMErase(t *testing.T) {
 	if testing.Short() {
 		t.Skip("VM test skipped in -short mode")
@@ -42,7 +43,7 @@ func TestVMErase(t *testing.T) {
 	const size = 64 << 20
 	files := map[string]string{}
 	old := map[string][]byte{}
-	for _, s := range []string{"KILNVM01", "NVME0001", "SATA0001"} {
+	for _, s := range []string{"KILNVM01", "NVME0001", "NVME0001-ns2", "SATA0001"} {
 		b := make([]byte, size)
 		if _, err := rand.Read(b); err != nil {
 			t.Fatal(err)
@@ -59,7 +60,11 @@ func TestVMErase(t *testing.T) {
 		"-drive", "file=" + files["KILNVM01"] + ",format=raw,if=none,id=d0,cache=unsafe",
 		"-device", "virtio-blk-pci,drive=d0,serial=KILNVM01",
 		"-drive", "file=" + files["NVME0001"] + ",format=raw,if=none,id=d1,cache=unsafe",
-		"-device", "nvme,drive=d1,serial=NVME0001",
+		// One controller with two namespaces: each namespace is a disk, erased in turn.
+		"-drive", "file=" + files["NVME0001-ns2"] + ",format=raw,if=none,id=d3,cache=unsafe",
+		"-device", "nvme,id=nvme0,serial=NVME0001",
+		"-device", "nvme-ns,drive=d1,bus=nvme0,nsid=1",
+		"-device", "nvme-ns,drive=d3,bus=nvme0,nsid=2",
 		"-device", "ahci,id=ahci0",
 		"-drive", "file=" + files["SATA0001"] + ",format=raw,if=none,id=d2,cache=unsafe",
 		"-device", "ide-hd,drive=d2,bus=ahci0.0,serial=SATA0001",
@@ -84,7 +89,11 @@ func TestVMErase(t *testing.T) {
 	}
 	certs := map[string]agentapi.DiskErase{}
 	for _, c := range r.Erase {
-		certs[c.Serial] = c
+		key := c.Serial
+		if c.Name == "nvme0n2" {
+			key += "-ns2"
+		}
+		certs[key] = c
 		fmt.Printf("erase-vm: %s\n", certLine(c))
 		for _, a := range c.Attempts {
 			fmt.Printf("erase-vm:   attempt %s %s: %s\n", a.Method, a.Outcome, a.Message)
@@ -108,10 +117,12 @@ func TestVMErase(t *testing.T) {
 		sata.Attempts[0].Outcome != agentapi.EraseUnsupported || !strings.Contains(sata.Attempts[0].Message, "IDENTIFY word 82=") {
 		t.Errorf("sata: the ATA IDENTIFY path was not taken as expected: %+v", sata)
 	}
-	nvme := certs["NVME0001"]
-	if nvme.Transport != "nvme" || !strings.HasPrefix(nvme.Method, "nvme-") || !strings.Contains(nvme.Verification, "canary check") ||
-		!strings.Contains(nvme.Reason, "SANICAP=") {
-		t.Errorf("nvme: no NVMe method: %+v", nvme)
+	for ns, key := range []string{"NVME0001", "NVME0001-ns2"} {
+		nvme := certs[key]
+		if nvme.Transport != "nvme" || !strings.HasPrefix(nvme.Method, "nvme-") || !strings.Contains(nvme.Verification, "canary check") ||
+			!strings.Contains(nvme.Reason, fmt.Sprintf("SANICAP=0x00000000; namespace %d ", ns+1)) {
+			t.Errorf("nvme namespace %d: no NVMe method: %+v", ns+1, nvme)
+		}
 	}
 	for s, f := range files {
 		after, err := os.ReadFile(f)
@@ -124,7 +135,7 @@ func TestVMErase(t *testing.T) {
 		if !allZero(after[:1<<20]) || !allZero(after[size-1<<20:]) {
 			t.Errorf("%s: first/last MiB not zeros", s)
 		}
-		if s == "NVME0001" && !bytes.Equal(after, make([]byte, size)) {
+		if strings.HasPrefix(s, "NVME0001") && !bytes.Equal(after, make([]byte, size)) {
 			t.Errorf("NVMe disk not all zeros after the device's erase")
 		}
 	}
