@@ -190,6 +190,91 @@ type Task struct {
 	// moves on to another of these when that one does not answer. Empty from a one-node
 	// appliance or one that does not send them.
 	Endpoints []string `json:"endpoints,omitempty"`
+	// ErasePolicy tunes an erase task; nil = the defaults documented on ErasePolicy.
+	ErasePolicy *ErasePolicy `json:"erase_policy,omitempty"`
+}
+
+// ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
+// "Erase"). The zero value is the default.
+type ErasePolicy struct {
+	// OnFrozen: what follows an ATA drive whose security feature set is frozen (or
+	// otherwise refuses SECURITY ERASE UNIT): "overwrite" (default; the frozen attempt is
+	// in the certificate) or "fail" (the disk's outcome is frozen and the step fails).
+	OnFrozen string `json:"on_frozen,omitempty"`
+	// Verify chooses the overwrite's read-back: "sample" (default: the first and last MiB
+	// plus SampleBlocks random 4 KiB blocks) or "full" (every byte).
+	Verify string `json:"verify,omitempty"`
+	// SampleBlocks is K of the sampled read-back (and the number of canary blocks checked
+	// after a firmware erase); 0 = 1024.
+	SampleBlocks int `json:"sample_blocks,omitempty"`
+}
+
+// Erase policy values.
+const (
+	OnFrozenOverwrite = "overwrite"
+	OnFrozenFail      = "fail"
+	VerifySample      = "sample"
+	VerifyFull        = "full"
+)
+
+// Erase methods (DiskErase.Method, EraseAttempt.Method).
+const (
+	EraseNVMeSanitizeCrypto  = "nvme-sanitize-crypto-erase"  // Sanitize (84h) SANACT 100b
+	EraseNVMeSanitizeBlock   = "nvme-sanitize-block-erase"   // Sanitize (84h) SANACT 010b
+	EraseNVMeFormatCrypto    = "nvme-format-crypto-erase"    // Format NVM (80h) SES 010b
+	EraseNVMeFormatUserData  = "nvme-format-user-data-erase" // Format NVM (80h) SES 001b
+	EraseATASecurityEnhanced = "ata-security-erase-enhanced" // SECURITY ERASE UNIT (F4h), enhanced
+	EraseATASecurity         = "ata-security-erase"          // SECURITY ERASE UNIT (F4h), normal
+	EraseOverwrite           = "overwrite"                   // one pass of a keyed pseudo-random pattern
+	EraseNone                = "none"                        // skipped
+)
+
+// Erase outcomes (DiskErase.Outcome, EraseAttempt.Outcome).
+const (
+	EraseErased       = "erased"        // the method completed and its verification passed
+	EraseVerifyFailed = "verify_failed" // the method completed but the read-back found data it should have replaced
+	EraseFailed       = "failed"        // the method failed (command error, I/O error)
+	EraseFrozen       = "frozen"        // ATA security frozen: NextStep says how to thaw it
+	EraseUnsupported  = "unsupported"   // the device does not offer the method (attempts only)
+	EraseSkipped      = "skipped"       // not erased, with Reason (read-only, boot medium)
+)
+
+// DiskErase is one disk's erase certificate: what was erased, how, and how that was
+// checked. Times are UTC; SizeBytes in bytes; Coverage is the fraction (0..1) of the
+// disk's bytes the verification read back.
+type DiskErase struct {
+	Name      string `json:"name"`
+	Path      string `json:"path"`
+	Serial    string `json:"serial,omitempty"`
+	Model     string `json:"model,omitempty"`
+	WWN       string `json:"wwn,omitempty"`
+	SizeBytes uint64 `json:"size_bytes"`
+	// Transport is nvme, ata, or other (virtio, SCSI, loop: only the overwrite applies).
+	Transport string `json:"transport,omitempty"`
+	Method    string `json:"method"`
+	Outcome   string `json:"outcome"`
+	// Reason says why this method (what the device reported) or why it was skipped or failed.
+	Reason string `json:"reason,omitempty"`
+	// NextStep tells an operator how to get a better outcome (thaw a frozen drive).
+	NextStep string `json:"next_step,omitempty"`
+	// Verification describes the read-back and its result; Verified is its verdict.
+	Verification string  `json:"verification,omitempty"`
+	Verified     bool    `json:"verified"`
+	Coverage     float64 `json:"coverage"`
+	// Mismatches counts 4 KiB blocks the verification found not erased (first at FirstMismatch bytes).
+	Mismatches    int64     `json:"mismatches,omitempty"`
+	FirstMismatch int64     `json:"first_mismatch,omitempty"`
+	Started       time.Time `json:"started"`
+	Ended         time.Time `json:"ended"`
+	// Attempts lists every method tried, in order, the final one included.
+	Attempts []EraseAttempt `json:"attempts,omitempty"`
+}
+
+// EraseAttempt is one method tried on a disk.
+type EraseAttempt struct {
+	Method  string `json:"method"`
+	Outcome string `json:"outcome"`
+	Message string `json:"message,omitempty"`
 }
 
 // Report is one step report. Progress is 0..1.
@@ -206,4 +291,8 @@ type Report struct {
 	// an agent that does not count). Reports are idempotent by (Step, State, Attempt): a
 	// repeated one changes nothing more, a late one never moves the machine backwards.
 	Attempt int `json:"attempt,omitempty"`
+	// Erase holds, on the erase step's succeeded or failed report, one certificate per
+	// disk of the machine (skipped ones included); the appliance records each as an
+	// "erase_certificate" event.
+	Erase []DiskErase `json:"erase,omitempty"`
 }

@@ -439,6 +439,7 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 	}
 	ev := []store.Event{{Subject: "machine/" + machineID, Kind: "step", Actor: ActorAgent,
 		To: string(rep.State), Reason: string(rep.Reason), Message: evMsg}}
+	ev = append(ev, eraseCertEvents(machineID, rep)...) // erasecert.go
 	c.observeStep(machineID, rep, now)
 	if heartbeat(cur.Step, rep) {
 		if every := c.cfg.HeartbeatRecordEvery; every > 0 && now.Sub(cur.Step.At) < every {

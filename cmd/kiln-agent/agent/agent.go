@@ -88,7 +88,7 @@ type Config struct {
 	// ReadTestBytes is how much the check step reads for the speed test.
 	ReadTestBytes int64
 
-	noDiscard bool // tests: take erase's overwrite path
+	erase eraseHooks // tests: fault injection into the erase (erase.go)
 }
 
 // Agent runs the protocol of agentapi against the appliance: the node of URL, or another
@@ -957,68 +957,6 @@ func (a *Agent) stage(task *agentapi.Task, dev *Device) (PartInfo, HostKey, erro
 		return info, hk, err
 	}
 	return info, hk, dev.Sync()
-}
-
-// Erase wipes the disk chosen by task.Disk: first and last MiB zeroed (signatures, GPT
-// backup), BLKDISCARD over the whole device or, where unsupported, a full overwrite with
-// zeros; then the first and last MiB must read back as zeros.
-func (a *Agent) Erase(ctx context.Context, task *agentapi.Task) error {
-	return a.step(ctx, agentapi.StepErase, func() (string, error) {
-		disks, err := a.cfg.ListDisks()
-		if err != nil {
-			return "", fail(agentapi.StepErase, agentapi.ReasonDiskNotFound, "list disks: %v", err)
-		}
-		disk, err := SelectDisk(disks, task.Disk)
-		if err != nil {
-			var se *StepError
-			if errors.As(err, &se) {
-				se.Step = agentapi.StepErase
-			}
-			return "", err
-		}
-		dev, err := OpenDevice(disk.Path)
-		if err != nil {
-			return "", fail(agentapi.StepErase, agentapi.ReasonDiskNotFound, "open %s: %v", disk.Path, err)
-		}
-		defer dev.Close()
-		if err := a.wipeSignatures(dev); err != nil {
-			return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "wipe signatures: %v", err)
-		}
-		method := "discard"
-		derr := errors.New("discard disabled")
-		if !a.cfg.noDiscard {
-			derr = dev.Discard(0, dev.Size)
-		}
-		if derr != nil {
-			method = "overwrite"
-			p := a.startProgress(ctx, agentapi.StepErase, task.Heartbeat)
-			buf := make([]byte, writeBufSize)
-			for off := int64(0); off < dev.Size; off += int64(len(buf)) {
-				if ctx.Err() != nil {
-					p.end()
-					return "", ctx.Err()
-				}
-				n := min(int64(len(buf)), dev.Size-off)
-				if _, err := dev.WriteAt(buf[:n], off); err != nil {
-					p.end()
-					return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "overwrite at %d: %v", off, err)
-				}
-				p.set(float64(off+n) / float64(dev.Size))
-			}
-			p.end()
-		}
-		if err := dev.Sync(); err != nil {
-			return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "sync: %v", err)
-		}
-		n := min(int64(eraseCheckBytes), dev.Size)
-		for _, off := range []int64{0, dev.Size - n} {
-			ok, err := isZero(disk.Path, off, n)
-			if err != nil || !ok {
-				return "", fail(agentapi.StepErase, agentapi.ReasonEraseFailed, "%s at %d does not read back as zeros (err %v)", disk.Path, off, err)
-			}
-		}
-		return fmt.Sprintf("%s erased by %s; first and last MiB read zeros", disk.Path, method), nil
-	})
 }
 
 // SysReboot syncs file systems and calls reboot(2) with RB_AUTOBOOT or RB_POWER_OFF.

@@ -384,33 +384,6 @@ func TestProvisionForeignOS(t *testing.T) {
 	}
 }
 
-// TestErase: random data erased (discard, then the overwrite fallback); the whole disk
-// reads zeros afterwards (checked here from the host).
-func TestErase(t *testing.T) {
-	testreq.Root(t, "loop devices", "losetup")
-	for _, method := range []string{"discard", "overwrite"} {
-		t.Run(method, func(t *testing.T) {
-			fill := bytes.Repeat([]byte{0xA5, 0x5A, 0x01, 0xFF}, 2<<20) // 8 MiB non-zero
-			dev, file := newLoop(t, 16<<20, fill)
-			f, _ := os.OpenFile(file, os.O_WRONLY, 0)
-			f.WriteAt(fill[:1<<20], 15<<20)
-			f.Close()
-			fa := newFakeAppliance(t)
-			fa.tasks = []agentapi.Task{{Action: agentapi.ActionErase, Disk: agentapi.DiskRule{Serial: loopSerial}, PollAfter: 1e7, Heartbeat: 1e7}}
-			runAgentCfg(t, fa, dev, loopSerial, func(c *Config) { c.noDiscard = method == "overwrite" })
-			r, _ := fa.final(agentapi.StepErase)
-			if r.State != agentapi.StateSucceeded || !strings.Contains(r.Message, "by "+method) {
-				t.Fatalf("erase: %+v", r)
-			}
-			detachLoop(dev, file) // drop the loop device's cache before reading the file
-			b, _ := os.ReadFile(file)
-			if !bytes.Equal(b, make([]byte, len(b))) {
-				t.Fatalf("disk not all zeros after erase (%s)", r.Message)
-			}
-		})
-	}
-}
-
 // TestRetriesAndHeartbeats: registration answered 503 twice is retried; a slow image stream
 // produces running reports every Task.Heartbeat with rising progress.
 func TestRetriesAndHeartbeats(t *testing.T) {
