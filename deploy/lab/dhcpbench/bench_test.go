@@ -355,7 +355,11 @@ boot:
 	logf, err := os.Create(logPath)
 	must(t, err)
 	s := &server{name: "kiln", ns: n.kilnNS, ip: kilnIP, client: kilnCli}
-	s.cmd = exec.Command("ip", "netns", "exec", n.kilnNS, bin, "serve", "--config", cfgPath)
+	args := []string{"netns", "exec", n.kilnNS, bin, "serve", "--config", cfgPath}
+	if p := os.Getenv("KILN_BENCH_CPU_PROFILE"); p != "" {
+		args = append(args, "--cpu-profile", p)
+	}
+	s.cmd = exec.Command("ip", args...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	must(t, s.cmd.Start())
 	t.Cleanup(func() { stop(s.cmd); logf.Close() })
