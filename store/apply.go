@@ -184,7 +184,7 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 	case CmdPutLeases:
 		err = putLeases(a, c.Leases)
 	case CmdBindLeases:
-		if out, err = bindLeases(a, c.Leases); err != nil {
+		if out, recs, err = bindLeases(a, c.Leases); err != nil {
 			return nil, nil, 0, err
 		}
 	case CmdAppendEvents:
