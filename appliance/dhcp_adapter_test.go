@@ -106,6 +106,23 @@ func TestDHCPMachineInfo(t *testing.T) {
 	if info, _ := b.Machine(mac); info.Netboot {
 		t.Fatal("netboot=false not honoured")
 	}
+	// The answer is cached per MAC until the record changes: a deleted
+	// machine is unknown at once, and a new machine with the same NIC is
+	// answered as itself.
+	if err := st.DeleteMachine(context.Background(), m.ID, store.W{Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if info, ok := b.Machine(mac); ok {
+		t.Fatalf("deleted machine still answered: %+v", info)
+	}
+	m2, err := st.PutMachine(context.Background(), store.Machine{Name: "r1-u08", IPv4: "10.0.0.58",
+		Intended: store.Hardware{NICs: []store.NIC{{MAC: "52:54:00:ab:cd:03"}}}}, store.W{Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, ok := b.Machine(mac); !ok || info.ID != m2.ID || info.Hostname != "r1-u08" || info.IP != netip.MustParseAddr("10.0.0.58") || !info.Netboot {
+		t.Fatalf("re-created machine: %+v ok=%v", info, ok)
+	}
 	if _, ok := b.Machine(net.HardwareAddr{2, 0, 0, 0, 0, 9}); ok {
 		t.Fatal("unknown MAC reported known")
 	}

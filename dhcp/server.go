@@ -319,15 +319,52 @@ func (s *Server) send(o outgoing, log *slog.Logger) {
 // committer is the group commit: it takes the first waiting lease change,
 // drains whatever else is already queued (up to BatchMax; with BatchDelay > 0
 // it lingers that long for more), commits the batch with one CommitLeases
-// call and only then answers: the ACK of each committed binding, a NAK for
-// each binding the committer refused (another client holds the address).
-// Changes arriving during a commit form the next batch, so batches grow with
-// load while an idle server commits at once. A failed commit drops the
-// batch's replies (the clients retry).
+// call and hands the committed batch to the replier, which answers: the ACK
+// of each committed binding, a NAK for each binding the committer refused
+// (another client holds the address). Changes arriving during a commit form
+// the next batch, so batches grow with load while an idle server commits at
+// once; the next commit starts while the replier is still sending the last
+// batch's replies (they are durable already: only the order of sends
+// against the next commit changes, never "committed, then ACK"). A failed
+// commit drops the batch's replies (the clients retry).
 func (s *Server) committer(in <-chan outgoing, log *slog.Logger) {
-	batch := make([]outgoing, 0, s.cfg.BatchMax)
+	type done struct {
+		batch []outgoing
+		errs  []error
+	}
+	replies := make(chan done, 2)
+	free := make(chan []outgoing, 3) // batch buffers back from the replier
+	for range 3 {
+		free <- make([]outgoing, 0, s.cfg.BatchMax)
+	}
+	replierDone := make(chan struct{})
+	go func() {
+		defer close(replierDone)
+		for d := range replies {
+			for i, o := range d.batch {
+				if d.errs[i] == nil {
+					s.m.committed.Inc()
+					s.send(o, log)
+					continue
+				}
+				log.Debug("lease refused", "mac", o.lease.MAC, "ip", o.lease.IP, "state", o.lease.State, "err", d.errs[i])
+				s.refused(o.x, d.errs[i])
+				if o.x.resp == nil {
+					continue
+				}
+				data, err := encode(o.x.resp, s.cfg.MaxFileLen, s.cfg.MaxSnameLen)
+				if err != nil {
+					continue
+				}
+				o.data, o.to, o.label[0] = data, o.x.replyTo, msgLabel(o.x.resp.MessageType())
+				s.send(o, log)
+			}
+			clear(d.batch)
+			free <- d.batch[:0]
+		}
+	}()
 	leases := make([]Lease, 0, s.cfg.BatchMax)
-	flush := func() {
+	flush := func(batch []outgoing) {
 		leases = leases[:0]
 		for _, o := range batch {
 			leases = append(leases, *o.lease)
@@ -343,30 +380,14 @@ func (s *Server) committer(in <-chan outgoing, log *slog.Logger) {
 		if err != nil {
 			s.m.drops.WithLabelValues("persist_error").Add(float64(len(batch)))
 			log.Error("committing leases", "n", len(batch), "err", fmt.Errorf("%w: %w", ErrPersist, err))
-		} else {
-			for i, o := range batch {
-				if errs[i] == nil {
-					s.m.committed.Inc()
-					s.send(o, log)
-					continue
-				}
-				log.Debug("lease refused", "mac", o.lease.MAC, "ip", o.lease.IP, "state", o.lease.State, "err", errs[i])
-				s.refused(o.x, errs[i])
-				if o.x.resp == nil {
-					continue
-				}
-				data, err := encode(o.x.resp, s.cfg.MaxFileLen, s.cfg.MaxSnameLen)
-				if err != nil {
-					continue
-				}
-				o.data, o.to, o.label[0] = data, o.x.replyTo, msgLabel(o.x.resp.MessageType())
-				s.send(o, log)
-			}
+			clear(batch)
+			free <- batch[:0]
+			return
 		}
-		clear(batch)
-		batch = batch[:0]
+		replies <- done{batch: batch, errs: errs}
 	}
 	for o := range in {
+		batch := <-free
 		batch = append(batch, o)
 		var linger <-chan time.Time
 		if s.cfg.BatchDelay > 0 {
@@ -397,8 +418,10 @@ func (s *Server) committer(in <-chan outgoing, log *slog.Logger) {
 				}
 			}
 		}
-		flush()
+		flush(batch)
 	}
+	close(replies)
+	<-replierDone
 }
 
 // macGate lets one event per MAC through per interval (Discovered).

@@ -192,7 +192,7 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 	case CmdPutLeases:
 		err = putLeases(a, c.Leases)
 	case CmdBindLeases:
-		if out, err = bindLeases(a, c.Leases); err != nil {
+		if out, recs, err = bindLeases(a, c.Leases); err != nil {
 			return nil, nil, 0, err
 		}
 	case CmdAppendEvents:
@@ -328,11 +328,33 @@ func deleteSimple(a *applyCtx, bucket []byte, kind, id string) error {
 // or ErrInvalid if it is not a 6-, 8- or 20-byte hardware address
 // (net.ParseMAC forms: colons, dashes or dotted).
 func NormalizeMAC(mac string) (string, error) {
+	if isNormalMAC(mac) {
+		return mac, nil // what ParseMAC + String would return, without the allocations
+	}
 	hw, err := net.ParseMAC(strings.TrimSpace(mac))
 	if err != nil {
 		return "", fmt.Errorf("%w: MAC %q", ErrInvalid, mac)
 	}
 	return hw.String(), nil
+}
+
+// isNormalMAC reports whether mac is already an EUI-48 in lower-case colon
+// form.
+func isNormalMAC(mac string) bool {
+	if len(mac) != 17 {
+		return false
+	}
+	for i := 0; i < 17; i++ {
+		c := mac[i]
+		if i%3 == 2 {
+			if c != ':' {
+				return false
+			}
+		} else if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // MACError is the refusal of ParseMachineMAC: Value as given and why it
@@ -478,7 +500,7 @@ func putMachine(a *applyCtx, m *Machine, rule machineRule) ([]byte, error) {
 	if old != nil {
 		from = old.State
 	}
-	ix.move(m.ID, from, m.State)
+	ix.move(m.ID, from, m.State, m.ResourceVersion)
 	ix.setRefs(m.ID, machineRefs(old), machineRefs(m))
 	raw, err := writeRec(a, bMachines, m)
 	if err != nil {
@@ -549,7 +571,7 @@ func deleteMachine(a *applyCtx, id string) error {
 			a.ix.setOwner(mac, "")
 		}
 	}
-	a.ix.move(id, old.State, "")
+	a.ix.move(id, old.State, "", 0)
 	a.ix.setRefs(id, machineRefs(&old), refList{})
 	if err := a.tx.Bucket(bMachines).Delete([]byte(id)); err != nil {
 		return err

@@ -90,6 +90,9 @@ func checkIndex(t testing.TB, db *bbolt.DB) {
 		if !reflect.DeepEqual(ix.mac, want.mac) || !reflect.DeepEqual(ix.state, want.state) {
 			t.Fatalf("index drifted from records:\n mac %v\nwant %v\n state %v\nwant %v", ix.mac, want.mac, ix.state, want.state)
 		}
+		if !reflect.DeepEqual(ix.ver, want.ver) {
+			t.Fatalf("version index drifted from records:\n got %v\nwant %v", ix.ver, want.ver)
+		}
 		if !reflect.DeepEqual(ix.ref, want.ref) {
 			t.Fatalf("reference index drifted from records:\n got %v\nwant %v", ix.ref, want.ref)
 		}

@@ -130,24 +130,27 @@ func putAddr(a *applyCtx, cur *Lease, l Lease) error {
 // The result has one leaseOutcome JSON value per change. A binding for a
 // MAC does not end that MAC's binding of another address: that one runs to
 // its expiry (a client may hold one address per subnet, and the FSM does
-// not know subnets).
-func bindLeases(a *applyCtx, ls []Lease) ([]json.RawMessage, error) {
+// not know subnets). recs holds the same outcomes as *leaseOutcome, for
+// the leader's caller (no decoding of the JSON it just wrote).
+func bindLeases(a *applyCtx, ls []Lease) (out []json.RawMessage, recs []any, err error) {
 	if len(ls) == 0 {
-		return nil, fmt.Errorf("%w: bind_leases without leases", ErrBadCommand)
+		return nil, nil, fmt.Errorf("%w: bind_leases without leases", ErrBadCommand)
 	}
-	out := make([]json.RawMessage, 0, len(ls))
+	out = make([]json.RawMessage, 0, len(ls))
+	recs = make([]any, 0, len(ls))
 	for _, l := range ls {
 		o, err := bindOne(a, l)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		raw, err := json.Marshal(o)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, raw)
+		recs = append(recs, &o)
 	}
-	return out, nil
+	return out, recs, nil
 }
 
 func bindOne(a *applyCtx, l Lease) (leaseOutcome, error) {
@@ -285,24 +288,31 @@ func (s *Store) BindLeases(ctx context.Context, ls []Lease) (errs []error, err e
 	if len(ls) == 0 {
 		return nil, nil
 	}
-	vals, _, err := s.write(ctx, &command{Type: CmdBindLeases, W: W{Actor: "dhcp"}, Leases: ls})
+	vals, recs, err := s.write(ctx, &command{Type: CmdBindLeases, W: W{Actor: "dhcp"}, Leases: ls})
 	if err != nil {
 		return nil, err
 	}
-	return leaseErrors(vals, len(ls))
+	return leaseErrors(vals, recs, len(ls))
 }
 
-// leaseErrors turns the result values of a CmdBindLeases of n changes into
-// one error per change. A result that does not decode, or of another
-// length, is ErrBadCommand for the whole write.
-func leaseErrors(vals []json.RawMessage, n int) ([]error, error) {
+// leaseErrors turns the results of a CmdBindLeases of n changes into one
+// error per change: the applied outcomes (recs, on the leader) or else
+// their JSON (vals, forwarded). A result that does not decode, or of
+// another length, is ErrBadCommand for the whole write.
+func leaseErrors(vals []json.RawMessage, recs []any, n int) ([]error, error) {
 	if len(vals) != n {
 		return nil, fmt.Errorf("%w: bind_leases: %d results for %d leases", ErrBadCommand, len(vals), n)
 	}
 	errs := make([]error, n)
 	for i, v := range vals {
 		var o leaseOutcome
-		if err := json.Unmarshal(v, &o); err != nil {
+		if len(recs) == n {
+			if p, ok := recs[i].(*leaseOutcome); ok {
+				o = *p
+			} else {
+				return nil, fmt.Errorf("%w: bind_leases result %d is a %T", ErrBadCommand, i, recs[i])
+			}
+		} else if err := json.Unmarshal(v, &o); err != nil {
 			return nil, fmt.Errorf("%w: bind_leases result %d: %v", ErrBadCommand, i, err)
 		}
 		switch {

@@ -23,7 +23,7 @@ func bind(t *testing.T, db *bbolt.DB, idx uint64, at time.Time, ls ...Lease) []e
 	if err != nil {
 		t.Fatalf("bind_leases refused as a whole: %v", err)
 	}
-	errs, err := leaseErrors(vals, len(ls))
+	errs, err := leaseErrors(vals, nil, len(ls))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +311,7 @@ func FuzzLeaseErrors(f *testing.F) {
 		f.Add(v, ok)
 	}
 	f.Fuzz(func(t *testing.T, a, b []byte) {
-		errs, err := leaseErrors([]json.RawMessage{a, b}, 2)
+		errs, err := leaseErrors([]json.RawMessage{a, b}, nil, 2)
 		if err != nil {
 			if !errors.Is(err, ErrBadCommand) || errs != nil {
 				t.Fatalf("whole-write error %v (errs %v)", err, errs)

@@ -26,11 +26,15 @@ type machineIndex struct {
 	mac   map[string]string                    // normalized MAC → machine ID
 	state map[MachineState]map[string]struct{} // state → set of machine IDs
 	ref   map[refKey]refSet                    // name, serial, BMC MAC, claimed image → machine IDs (refindex.go)
+	// ver: machine ID → ResourceVersion of its committed record, so a
+	// reader can tell a decoded copy it keeps is still current without
+	// reading the record (MachineRefByMAC).
+	ver map[string]uint64
 }
 
 func newMachineIndex() *machineIndex {
 	return &machineIndex{mac: map[string]string{}, state: map[MachineState]map[string]struct{}{},
-		ref: map[refKey]refSet{}}
+		ref: map[refKey]refSet{}, ver: map[string]uint64{}}
 }
 
 // buildMachineIndex derives the index from the machines bucket of tx.
@@ -55,6 +59,7 @@ func buildMachineIndex(tx *bbolt.Tx) (*machineIndex, error) {
 			ix.mac[mac] = id
 		}
 		ix.addState(m.State, id)
+		ix.ver[id] = m.ResourceVersion
 		refs := machineRefs(&m)
 		for _, r := range refs.keys() {
 			ix.addRef(r, id)
@@ -107,8 +112,11 @@ type idxTx struct {
 }
 
 // stateMove: a machine's state before the transaction ("" = absent) and at
-// its current point ("" = deleted).
-type stateMove struct{ from, to MachineState }
+// its current point ("" = deleted), and the ResourceVersion it now has.
+type stateMove struct {
+	from, to MachineState
+	ver      uint64
+}
 
 func newIdxTx(base *machineIndex) *idxTx {
 	return &idxTx{base: base, mac: map[string]string{}, moves: map[string]stateMove{}, ref: map[refKey]refDelta{}}
@@ -125,13 +133,15 @@ func (x *idxTx) owner(mac string) string {
 func (x *idxTx) setOwner(mac, id string) { x.mac[mac] = id }
 
 // move records that machine id went from state from to state to ("" =
-// absent); only the first from of the transaction is kept.
-func (x *idxTx) move(id string, from, to MachineState) {
+// absent) and now has ResourceVersion ver (0 when deleted); only the first
+// from of the transaction is kept. Every write and delete of a machine
+// record calls it.
+func (x *idxTx) move(id string, from, to MachineState, ver uint64) {
 	mv, ok := x.moves[id]
 	if !ok {
 		mv.from = from
 	}
-	mv.to = to
+	mv.to, mv.ver = to, ver
 	x.moves[id] = mv
 }
 
@@ -151,6 +161,9 @@ func (x *idxTx) commit() {
 		}
 		if mv.to != "" {
 			x.base.addState(mv.to, id)
+			x.base.ver[id] = mv.ver
+		} else {
+			delete(x.base.ver, id)
 		}
 	}
 	x.commitRefs()

@@ -82,6 +82,33 @@ func (s *Store) MachineByMAC(mac string) (Machine, error) {
 	return m, err
 }
 
+// MachineRefByMAC returns the ID and ResourceVersion of the machine owning
+// mac (any accepted MAC form) from the in-memory index alone: no bbolt read,
+// no decoding, so it costs a map lookup. A caller that keeps a record it got
+// from MachineByMAC (the DHCP server's per-request lookup) may reuse it while
+// MachineRefByMAC still returns the record's ID and ResourceVersion: every
+// write of a machine changes its ResourceVersion (to the raft index of the
+// write). Errors: ErrInvalid for a malformed MAC, ErrNotFound.
+func (s *Store) MachineRefByMAC(mac string) (id string, version uint64, err error) {
+	norm, err := NormalizeMAC(mac)
+	if err != nil {
+		return "", 0, err
+	}
+	s.fsm.mu.RLock()
+	defer s.fsm.mu.RUnlock()
+	if s.fsm.db == nil {
+		return "", 0, ErrClosed
+	}
+	ix := s.fsm.ix
+	ix.mu.RLock()
+	id, version = ix.mac[norm], ix.ver[ix.mac[norm]]
+	ix.mu.RUnlock()
+	if id == "" {
+		return "", 0, fmt.Errorf("%w: machine with MAC %s", ErrNotFound, norm)
+	}
+	return id, version, nil
+}
+
 // ListOptions filters ListMachines. Zero fields do not filter. After is a
 // cursor (the last ID of the previous page); Limit ≤ 0 means no limit.
 type ListOptions struct {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -50,7 +51,7 @@ func newVersion() *cobra.Command {
 }
 
 func newServe() *cobra.Command {
-	var cfgPath, dataDir, apiAddr string
+	var cfgPath, dataDir, apiAddr, cpuProfile string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the appliance (store, DHCP, TFTP, HTTP boot, API, lifecycle)",
@@ -75,6 +76,17 @@ DHCP/TFTP until a provisioning interface is configured.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpu-profile: %w", err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpu-profile: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			err := appliance.Run(ctx, cfg, version)
@@ -87,5 +99,6 @@ DHCP/TFTP until a provisioning interface is configured.`,
 	c.Flags().StringVar(&cfgPath, "config", "", "YAML config file (unknown keys are rejected)")
 	c.Flags().StringVar(&dataDir, "data-dir", appliance.DefaultDataDir, "data directory (raft log, state, images)")
 	c.Flags().StringVar(&apiAddr, "api-addr", appliance.DefaultAPIAddr, "API listen address")
+	c.Flags().StringVar(&cpuProfile, "cpu-profile", "", "write a Go CPU profile (runtime/pprof, for `go tool pprof`) to this file until the process exits")
 	return c
 }
