@@ -597,37 +597,13 @@ func TestApplyBatchEqualsOneByOne(t *testing.T) {
 			n = tail
 		}
 		batch := logs[pos:min(pos+n, len(logs))]
-		// Entries parked as on the leader (park, then decode after
-		// raft.Apply): decoded before the FSM gets there, decoded by the
-		// writer while the FSM runs (it waits or takes over), or left to
-		// the FSM with the writer arriving late (it must then skip).
 		var dones []func()
-		var late []func()
-		var racing sync.WaitGroup
 		for k, l := range batch {
-			if follower {
-				break
-			}
-			switch k % 4 {
-			case 0:
+			if k%2 == 0 && !follower {
 				dones = append(dones, f.predecode(l.Data))
-			case 1:
-				slot, done := f.park(l.Data)
-				dones = append(dones, done)
-				racing.Add(1)
-				go func() { defer racing.Done(); slot.decode(l.Data) }()
-			case 2:
-				slot, done := f.park(l.Data)
-				dones = append(dones, done)
-				late = append(late, func() { slot.decode(l.Data) })
 			}
 		}
-		res := f.ApplyBatch(batch)
-		racing.Wait()
-		for _, fn := range late {
-			fn()
-		}
-		for _, r := range res {
+		for _, r := range f.ApplyBatch(batch) {
 			ar := r.(*applyResult)
 			if ar.Err != nil {
 				got = append(got, "err "+ar.Err.Error())

@@ -47,7 +47,7 @@ type fsm struct {
 	leases leaseFeed // watchers of the address view (leases.go)
 
 	pmu sync.Mutex
-	pre map[*byte]*predecoded // see park
+	pre map[*byte]predecoded // see predecode
 }
 
 // checkBolt opens path read-only and verifies it: the file is at least as
@@ -199,100 +199,60 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 	return f.ApplyBatch([]*raft.Log{l})[0]
 }
 
-// predecoded is a command decoded on the leader, in the writer's goroutine,
-// from the exact bytes it hands to raft.Apply (see park).
+// predecoded is a command decoded by the leader from the exact bytes it
+// hands to raft.Apply.
 type predecoded struct {
-	n     int          // len(data)
-	state atomic.Int32 // preWaiting → preDecoding → (ready closed) | preWaiting → preStolen
-	c     *command     // set before ready is closed; nil if data did not decode
-	ready chan struct{}
+	n int // len(data)
+	c *command
 }
 
-// States of a parked entry. Whoever moves it out of preWaiting decodes it:
-// the writer (preDecoding, then closes ready) or the FSM when it reaches
-// the entry first (preStolen; the writer then skips decoding).
-const (
-	preWaiting int32 = iota
-	preDecoding
-	preStolen
-)
-
-// park registers data (an encoded command about to be given to raft.Apply
-// on this node) so that ApplyBatch can skip JSON decoding on its single
-// goroutine: on the leader raft passes the very same slice to the FSM, and
-// the entry is found by the address of its first byte. The caller gives
-// the entry to raft.Apply first and then calls decode on the returned
-// slot, so the decoding overlaps raft's log write (and replication)
-// instead of preceding it; the FSM uses the result when it is there, waits
-// for it while the writer is decoding, and decodes the entry itself if the
-// writer has not started (it never waits on a writer that is not
-// decoding). The command is exactly what decodeCommand(data) gives in the
-// FSM (same function, same bytes), so determinism is unchanged. Entries
-// that reach the FSM another way (replayed from the log, or on a
-// follower) are not found and decoded there. done removes the parked
-// entry; call it when raft.Apply has finished (the slice is kept alive
-// until then, so its address cannot be reused meanwhile).
-func (f *fsm) park(data []byte) (slot *predecoded, done func()) {
-	slot = &predecoded{n: len(data), ready: make(chan struct{})}
+// predecode decodes data (an encoded command about to be given to
+// raft.Apply on this node) and parks the result for ApplyBatch, keyed by the
+// address of data's first byte: on the leader raft passes the very same
+// slice to the FSM, so ApplyBatch can skip JSON decoding on its single
+// goroutine. The result is exactly what decodeCommand(data) gives in the FSM
+// (same function, same bytes), so determinism is unchanged. Entries that
+// reach the FSM another way (replayed from the log, or on a follower) are
+// not found and decoded there. The returned func removes the parked entry;
+// call it when raft.Apply has finished (the slice is kept alive until then,
+// so its address cannot be reused meanwhile).
+func (f *fsm) predecode(data []byte) (done func()) {
 	if len(data) == 0 {
-		slot.state.Store(preStolen)
-		return slot, func() {}
+		return func() {}
+	}
+	c, err := decodeCommand(data)
+	if err != nil {
+		return func() {} // the FSM decodes it again and refuses it
 	}
 	key := &data[0]
 	f.pmu.Lock()
 	if f.pre == nil {
-		f.pre = make(map[*byte]*predecoded)
+		f.pre = make(map[*byte]predecoded)
 	}
-	f.pre[key] = slot
+	f.pre[key] = predecoded{n: len(data), c: c}
 	f.pmu.Unlock()
-	return slot, func() {
+	return func() {
 		f.pmu.Lock()
-		if f.pre[key] == slot {
-			delete(f.pre, key)
-		}
+		delete(f.pre, key)
 		f.pmu.Unlock()
 	}
 }
 
-// decode decodes the parked entry's data, unless the FSM already took it
-// over. A malformed entry leaves c nil: the FSM decodes it again and
-// refuses it.
-func (p *predecoded) decode(data []byte) {
-	if !p.state.CompareAndSwap(preWaiting, preDecoding) {
-		return
-	}
-	if c, err := decodeCommand(data); err == nil {
-		p.c = c
-	}
-	close(p.ready)
-}
-
-// predecode parks data and decodes it at once (park + decode), for callers
-// that have nothing to overlap the decoding with (tests, benchmarks).
-func (f *fsm) predecode(data []byte) (done func()) {
-	slot, done := f.park(data)
-	slot.decode(data)
-	return done
-}
-
-// takePredecoded returns (and forgets) the command parked for data, or nil
-// (the caller decodes data itself). It is taken once: apply mutates the
-// command, so any re-application decodes afresh.
+// takePredecoded returns (and forgets) the command parked for data, or nil.
+// It is taken once: apply mutates the command, so any re-application
+// decodes afresh.
 func (f *fsm) takePredecoded(data []byte) *command {
 	if len(data) == 0 {
 		return nil
 	}
 	key := &data[0]
 	f.pmu.Lock()
+	defer f.pmu.Unlock()
 	p, ok := f.pre[key]
-	if ok {
-		delete(f.pre, key)
-	}
-	f.pmu.Unlock()
-	if !ok || p.n != len(data) || p.state.CompareAndSwap(preWaiting, preStolen) {
+	if !ok || p.n != len(data) {
 		return nil
 	}
-	<-p.ready // the writer is decoding it
+	delete(f.pre, key)
 	return p.c
 }
 

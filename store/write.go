@@ -106,12 +106,10 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 	if err != nil {
 		return nil, nil, err
 	}
-	// Decode the entry in the caller's goroutine while raft writes it, so
-	// the FSM's single goroutine need not (see park).
-	slot, done := s.fsm.park(data)
-	defer done()
+	// Decode the entry here, in the caller's goroutine and before raft
+	// takes it, so the FSM's single goroutine need not (see predecode).
+	defer s.fsm.predecode(data)()
 	f := s.raft.Apply(data, s.timeout(ctx))
-	slot.decode(data)
 	if err := f.Error(); err != nil {
 		switch {
 		case errors.Is(err, raft.ErrEnqueueTimeout):
