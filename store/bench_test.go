@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -114,10 +115,79 @@ type bareSnap struct{}
 func (bareSnap) Persist(s raft.SnapshotSink) error { return s.Close() }
 func (bareSnap) Release()                          {}
 
+// boltFSM is the second peer's FSM (raft.BatchingFSM): the durable part of
+// the store's FSM work and nothing else. Every batch raft hands it is ONE
+// bbolt write transaction on its own file (NoSync and NoGrowSync, as
+// fsm.db) that stores each entry's bytes as a record (key: 64 interleaved
+// sequential streams, like the bench's 64 writers' machine IDs), appends a
+// small event record keyed by the index, and writes the applied marker.
+// No JSON, no checks, no indexes: what is left between it and the store is
+// the store's own work per command.
+type boltFSM struct{ db *bbolt.DB }
+
+var (
+	boltRecs   = []byte("records")
+	boltEvents = []byte("events")
+	boltMeta   = []byte("meta")
+)
+
+func newBoltFSM(t *testing.T) *boltFSM {
+	db, err := bbolt.Open(filepath.Join(t.TempDir(), "fsm.db"), 0o600, &bbolt.Options{Timeout: time.Second, NoSync: true, NoGrowSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range [][]byte{boltRecs, boltEvents, boltMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return &boltFSM{db: db}
+}
+
+func (f *boltFSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+func (f *boltFSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	res := make([]interface{}, len(logs))
+	err := f.db.Update(func(tx *bbolt.Tx) error {
+		recs, evs := tx.Bucket(boltRecs), tx.Bucket(boltEvents)
+		for _, l := range logs {
+			if l.Type != raft.LogCommand {
+				continue
+			}
+			var k [16]byte
+			binary.BigEndian.PutUint64(k[:], l.Index%64)
+			binary.BigEndian.PutUint64(k[8:], l.Index/64)
+			if err := recs.Put(k[:], l.Data); err != nil {
+				return err
+			}
+			if err := evs.Put(k[8:], []byte(`{"kind":"created","subject":"machine/m-0123456789abcdef","actor":"bench"}`)); err != nil {
+				return err
+			}
+		}
+		var ib [8]byte
+		binary.BigEndian.PutUint64(ib[:], logs[len(logs)-1].Index)
+		return tx.Bucket(boltMeta).Put([]byte("applied"), ib[:])
+	})
+	for i := range res {
+		res[i] = err
+	}
+	return res
+}
+
+func (f *boltFSM) Snapshot() (raft.FSMSnapshot, error) { return bareSnap{}, nil }
+func (f *boltFSM) Restore(rc io.ReadCloser) error      { return rc.Close() }
+
 // bareCluster starts n bare hashicorp/raft nodes with the same raft
-// settings, log store (raft-boltdb/v2 on bbolt) and transport as the store.
-// The returned func gives the current leader (it follows re-elections).
-func bareCluster(t *testing.T, n int) (func() *raft.Raft, func()) {
+// settings, log store (raft-boltdb/v2 on bbolt) and transport as the store,
+// each with the FSM newFSM returns. The returned func gives the current
+// leader (it follows re-elections).
+func bareCluster(t *testing.T, n int, newFSM func() raft.FSM) (func() *raft.Raft, func()) {
 	var nodes []*raft.Raft
 	var closers []func()
 	var servers []raft.Server
@@ -152,7 +222,7 @@ func bareCluster(t *testing.T, n int) (func() *raft.Raft, func()) {
 		if err := raft.BootstrapCluster(p.cfg, p.logs, p.logs, p.snaps, p.trans, raft.Configuration{Servers: servers}); err != nil {
 			t.Fatal(err)
 		}
-		r, err := raft.NewRaft(p.cfg, &bareFSM{}, p.logs, p.logs, p.snaps, p.trans)
+		r, err := raft.NewRaft(p.cfg, newFSM(), p.logs, p.logs, p.snaps, p.trans)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,9 +276,11 @@ func benchCfg(cfg *store.Config) {
 }
 
 // TestBenchRaft compares Kiln's store (PutMachine of ~1 KiB records on the
-// leader) with bare hashicorp/raft (same raft-boltdb log store, TCP
-// transport and timeouts, trivial FSM, entries of the same size), for 1
-// and 64 concurrent writers on 1 and 3 nodes, in the same run.
+// leader) with bare hashicorp/raft (same raft-boltdb log store, raft
+// transport and timeouts, entries of the same size), for 1 and 64
+// concurrent writers on 1 and 3 nodes, in the same run. Two peers: a
+// trivial FSM (counts entries: raft alone) and boltFSM (raft plus the
+// durable bbolt work of an FSM, no encoding or rules).
 func TestBenchRaft(t *testing.T) {
 	benchline.Need(t, false)
 	const d = time.Second
@@ -220,13 +292,14 @@ func TestBenchRaft(t *testing.T) {
 			if only := os.Getenv("KILN_BENCH_ONLY"); only != "" && only != name {
 				continue
 			}
-			// Both systems run side by side; rounds alternate so that the
-			// machine's background load hits both alike.
+			// The three systems run side by side; rounds alternate so that
+			// the machine's background load hits them alike.
 			c := storetest.NewCluster(t, nodes, benchCfg)
 			s := c.Nodes[c.Leader()].Store
-			r, stop := bareCluster(t, nodes)
+			r, stop := bareCluster(t, nodes, func() raft.FSM { return &bareFSM{} })
+			rb, stopb := bareCluster(t, nodes, func() raft.FSM { return newBoltFSM(t) })
 			ctx := context.Background()
-			var kiln, peer benchResult
+			var kiln, peer, bolt benchResult
 			for round := 0; round < benchRounds; round++ {
 				kiln.add(drive(t, writers, d, func(w, k int) error {
 					id := fmt.Sprintf("m-%d-%02d-%07d", round, w, k)
@@ -236,25 +309,42 @@ func TestBenchRaft(t *testing.T) {
 				peer.add(drive(t, writers, d, func(w, k int) error {
 					return r().Apply(payload, 10*time.Second).Error()
 				}))
+				bolt.add(drive(t, writers, d, func(w, k int) error {
+					f := rb().Apply(payload, 10*time.Second)
+					if err := f.Error(); err != nil {
+						return err
+					}
+					if err, _ := f.Response().(error); err != nil {
+						return err
+					}
+					return nil
+				}))
 			}
 			stop()
+			stopb()
 			c.Close()
 			kiln.finish()
 			peer.finish()
-			kt, pt := float64(kiln.ops)/kiln.elapsed.Seconds(), float64(peer.ops)/peer.elapsed.Seconds()
-			// The peer is the same hashicorp/raft, log store, transport and
-			// timeouts with a trivial FSM: the lines show what Kiln's FSM,
-			// command encoding and indexes cost on top of raft itself.
+			bolt.finish()
+			rate := func(b benchResult) float64 { return float64(b.ops) / b.elapsed.Seconds() }
+			// The first peer is the same hashicorp/raft, log store, transport
+			// and timeouts with a trivial FSM: the lines show what Kiln's FSM,
+			// command encoding and indexes cost on top of raft itself. The
+			// second adds an FSM's durable bbolt work (store_vs_bolt_*).
+			trivial := "hashicorp-raft+trivial-fsm"
+			boltPeer := "hashicorp-raft+bbolt-fsm"
 			for _, l := range []struct {
-				name, unit string
-				k, p       float64
+				name, unit, what string
+				k, p             float64
 			}{
-				{"store_commits_per_s_" + name, "ops/s", kt, pt},
-				{"store_p50_seconds_" + name, "s", kiln.p50.Seconds(), peer.p50.Seconds()},
-				{"store_p99_seconds_" + name, "s", kiln.p99.Seconds(), peer.p99.Seconds()},
+				{"store_commits_per_s_" + name, "ops/s", trivial, rate(kiln), rate(peer)},
+				{"store_p50_seconds_" + name, "s", trivial, kiln.p50.Seconds(), peer.p50.Seconds()},
+				{"store_p99_seconds_" + name, "s", trivial, kiln.p99.Seconds(), peer.p99.Seconds()},
+				{"store_vs_bolt_commits_per_s_" + name, "ops/s", boltPeer, rate(kiln), rate(bolt)},
+				{"store_vs_bolt_p50_seconds_" + name, "s", boltPeer, kiln.p50.Seconds(), bolt.p50.Seconds()},
 			} {
 				benchline.Print(t, benchline.Line{Name: l.name, Unit: l.unit, Kiln: l.k,
-					Peer: &benchline.Peer{What: "hashicorp-raft+trivial-fsm", Value: l.p}})
+					Peer: &benchline.Peer{What: l.what, Value: l.p}})
 			}
 		}
 	}
