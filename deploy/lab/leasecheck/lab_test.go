@@ -283,23 +283,26 @@ func (l *lab) startErr(n *node) error {
 }
 
 // stop ends n's process with sig (SIGKILL: no shutdown code runs; SIGTERM:
-// a clean stop) and waits for it, up to grace (then SIGKILL).
-func (n *node) stop(sig syscall.Signal, grace time.Duration) {
+// a clean stop) and waits for it, up to grace (then SIGKILL). It returns
+// how long the process took to exit and whether it had to be killed.
+func (n *node) stop(sig syscall.Signal, grace time.Duration) (time.Duration, bool) {
 	n.mu.Lock()
 	cmd, exited := n.cmd, n.exited
 	n.up = false
 	n.mu.Unlock()
 	if cmd == nil || cmd.Process == nil {
-		return
+		return 0, false
 	}
+	t0 := time.Now()
 	_ = cmd.Process.Signal(sig)
 	select {
 	case <-exited:
-		return
+		return time.Since(t0), false
 	case <-time.After(grace):
 	}
 	_ = cmd.Process.Kill()
 	<-exited
+	return time.Since(t0), true
 }
 
 func (n *node) isUp() bool { n.mu.Lock(); defer n.mu.Unlock(); return n.up }
@@ -481,11 +484,11 @@ func (l *lab) leaseGrants(n *node) ([]Grant, int, error) {
 }
 
 // storeRecords reads a stopped node's address view: the lease_addrs bucket
-// of its fsm.db (store/leases.go: key the address text, value the lease
+// of its store/fsm.db (store/leases.go: key the address text, value the lease
 // record as JSON), read-only. There is no REST route for leases; the file
 // is the store's own, opened after the process has exited.
 func storeRecords(n *node) (map[netip.Addr]Record, error) {
-	db, err := bbolt.Open(filepath.Join(n.data, "fsm.db"), 0o400, &bbolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	db, err := bbolt.Open(filepath.Join(n.data, "store", "fsm.db"), 0o400, &bbolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
 	if err != nil {
 		return nil, err
 	}

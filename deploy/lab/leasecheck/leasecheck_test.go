@@ -99,6 +99,7 @@ func kilnBinary(t *testing.T) string {
 // faultCount counts the faults injected.
 type faultCount struct {
 	kills, partitions, isolations, restarts atomic.Int64
+	slowStops                               atomic.Int64 // SIGTERM not obeyed within the grace
 }
 
 func (f *faultCount) total() int64 {
@@ -186,8 +187,14 @@ func (l *lab) inject(t *testing.T, rng *rand.Rand, start, until time.Time, fc *f
 		case "restart":
 			n := l.nodes[rng.IntN(len(l.nodes))]
 			t.Logf("%s: restart (SIGTERM, start) of %s", since(), n.id)
-			n.stop(syscall.SIGTERM, 20*time.Second)
+			took, killed := n.stop(syscall.SIGTERM, 20*time.Second)
 			fc.restarts.Add(1)
+			if killed {
+				t.Logf("%s: %s did not exit within %s of SIGTERM: killed", since(), n.id, took.Round(time.Millisecond))
+				fc.slowStops.Add(1)
+			} else {
+				t.Logf("%s: %s exited %.1f s after SIGTERM", since(), n.id, took.Seconds())
+			}
 			if err := l.startErr(n); err != nil {
 				return err
 			}
@@ -195,6 +202,7 @@ func (l *lab) inject(t *testing.T, rng *rand.Rand, start, until time.Time, fc *f
 		if !waitUntil(30*time.Second, func() bool { return l.leader() != nil }) {
 			return fmt.Errorf("no leader 30 s after the %s fault at %s", kind, since())
 		}
+		t.Logf("%s: healed, leader %s", since(), l.leader().id)
 	}
 }
 
