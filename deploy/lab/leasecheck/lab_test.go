@@ -305,6 +305,16 @@ func (n *node) stop(sig syscall.Signal, grace time.Duration) (time.Duration, boo
 	return time.Since(t0), true
 }
 
+// signal sends sig to n's running process.
+func (n *node) signal(sig syscall.Signal) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil || n.cmd.Process == nil || !n.up {
+		return fmt.Errorf("%s: not running", n.id)
+	}
+	return n.cmd.Process.Signal(sig)
+}
+
 func (n *node) isUp() bool { n.mu.Lock(); defer n.mu.Unlock(); return n.up }
 
 func (n *node) logTail(k int) string {

@@ -98,25 +98,28 @@ func kilnBinary(t *testing.T) string {
 
 // faultCount counts the faults injected.
 type faultCount struct {
-	kills, partitions, isolations, restarts atomic.Int64
-	slowStops                               atomic.Int64 // SIGTERM not obeyed within the grace
+	kills, partitions, isolations, restarts, pauses atomic.Int64
+	slowStops                                       atomic.Int64 // SIGTERM not obeyed within the grace
 }
 
 func (f *faultCount) total() int64 {
-	return f.kills.Load() + f.partitions.Load() + f.isolations.Load() + f.restarts.Load()
+	return f.kills.Load() + f.partitions.Load() + f.isolations.Load() + f.restarts.Load() + f.pauses.Load()
 }
 
 // inject runs faults one at a time until until, each followed by a pause
 // of 2-5 s: the first three are a leader SIGKILL, a partition and a restart
-// in random order, then at random (35% leader kill, 40% partition, of which
-// a third isolate the node from the clients too, 25% restart):
+// in random order, then at random (30% leader kill, 35% partition, of which
+// a third isolate the node from the clients too, 20% restart, 15% pause):
 //
 //   - leader kill: SIGKILL of the raft leader's process, restarted on the
 //     same data directory after 2-6 s;
 //   - partition: the node's cluster port down for 4-10 s (it keeps serving
 //     DHCP clients from the minority side); isolation: both ports down;
 //   - restart: SIGTERM of a random node and a start on the same data
-//     directory at once.
+//     directory at once;
+//   - pause: SIGSTOP of the leader for 2-6 s, then SIGCONT (a stalled
+//     process, as a long GC pause or a VM freeze: it resumes believing it
+//     leads, with the packets that queued meanwhile).
 //
 // Every fault ends with the node back and a leader known. It logs each
 // fault with its time since start; an error of the lab itself is returned.
@@ -134,12 +137,14 @@ func (l *lab) inject(t *testing.T, rng *rand.Rand, start, until time.Time, fc *f
 			kind = kinds[i]
 		} else {
 			switch p := rng.IntN(100); {
-			case p < 35:
+			case p < 30:
 				kind = "kill"
-			case p < 75:
+			case p < 65:
 				kind = "partition"
-			default:
+			case p < 85:
 				kind = "restart"
+			default:
+				kind = "pause"
 			}
 		}
 		since := func() string { return fmt.Sprintf("%5.1f s", time.Since(start).Seconds()) }
@@ -184,6 +189,22 @@ func (l *lab) inject(t *testing.T, rng *rand.Rand, start, until time.Time, fc *f
 			if err := l.link(n, true, true); err != nil {
 				return err
 			}
+		case "pause":
+			var ld *node
+			waitUntil(20*time.Second, func() bool { ld = l.leader(); return ld != nil })
+			if ld == nil {
+				return fmt.Errorf("no leader to pause at %s", since())
+			}
+			d := 2*time.Second + time.Duration(rng.Int64N(int64(4*time.Second)))
+			t.Logf("%s: SIGSTOP of the leader %s for %.1f s", since(), ld.id, d.Seconds())
+			if err := ld.signal(syscall.SIGSTOP); err != nil {
+				return err
+			}
+			fc.pauses.Add(1)
+			time.Sleep(d)
+			if err := ld.signal(syscall.SIGCONT); err != nil {
+				return err
+			}
 		case "restart":
 			n := l.nodes[rng.IntN(len(l.nodes))]
 			t.Logf("%s: restart (SIGTERM, start) of %s", since(), n.id)
@@ -219,7 +240,7 @@ func (l *lab) inject(t *testing.T, rng *rand.Rand, start, until time.Time, fc *f
 // end, covers the last hold of every address and is the same on all three.
 // It prints
 //
-//	leasecheck: N clients, A ACKs, F faults (K leader kills, P partitions, R restarts) in S s; violations V
+//	leasecheck: N clients, A ACKs, F faults (K leader kills, P partitions, R restarts, Z pauses) in S s; violations V
 //
 // and fails unless V is 0 and the run exercised what it claims (every kind
 // of fault, ACKs from every node, addresses passing between clients).
@@ -319,14 +340,14 @@ func TestLeaseCheck(t *testing.T) {
 	for _, k := range []string{"discover", string(KindSelect), string(KindReboot), string(KindRenew), string(KindRebind)} {
 		sent = append(sent, fmt.Sprintf("%s %d", k, rec.sent[k].Load()))
 	}
-	fmt.Printf("leasecheck: %d clients, %d ACKs, %d faults (%d leader kills, %d partitions, %d restarts) in %.0f s; violations %d\n",
+	fmt.Printf("leasecheck: %d clients, %d ACKs, %d faults (%d leader kills, %d partitions, %d restarts, %d pauses) in %.0f s; violations %d\n",
 		s.clients, r.Acks, fc.total(), fc.kills.Load(), fc.partitions.Load()+fc.isolations.Load(), fc.restarts.Load(),
-		elapsed.Seconds(), len(problems))
+		fc.pauses.Load(), elapsed.Seconds(), len(problems))
 	fmt.Printf("leasecheck: pool %d, lease %s, seed %d; %d clients ACKed, %d addresses, %d reused, %d handovers, closest handover %s; "+
-		"%d isolations among the partitions; exchanges: %s; NAKs %d, timeouts %d, releases %d, minority (time-left) ACKs %d; "+
+		"%d isolations among the partitions, %d SIGTERMs not obeyed in 20 s; exchanges: %s; NAKs %d, timeouts %d, releases %d, minority (time-left) ACKs %d; "+
 		"ACKs by server: %s; %d lease grants checked per node, %d store records per node\n",
 		s.pool, s.lease, s.seed, r.Clients, r.Addresses, r.Reused, r.Handovers, r.MinGap.Round(time.Microsecond),
-		fc.isolations.Load(), strings.Join(sent, ", "), rec.naks.Load(), rec.timeouts.Load(), rec.releases.Load(),
+		fc.isolations.Load(), fc.slowStops.Load(), strings.Join(sent, ", "), rec.naks.Load(), rec.timeouts.Load(), rec.releases.Load(),
 		rec.shortAcks.Load(), strings.Join(servers, ", "), len(grants0), len(recs0))
 
 	for i, p := range problems {
