@@ -144,7 +144,7 @@ func newLab(t *testing.T, bin string, pool int, lease time.Duration) *lab {
 		cfg := fmt.Sprintf(`node_id: %s
 data_dir: %s
 log:
-  level: warn
+  level: info
 api:
   addr: %s:%d
 raft:

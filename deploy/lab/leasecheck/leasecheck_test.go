@@ -147,7 +147,9 @@ func (l *lab) inject(t *testing.T, rng *rand.Rand, start, until time.Time, fc *f
 				kind = "pause"
 			}
 		}
-		since := func() string { return fmt.Sprintf("%5.1f s", time.Since(start).Seconds()) }
+		since := func() string {
+			return fmt.Sprintf("%5.1f s (%s)", time.Since(start).Seconds(), time.Now().Format("15:04:05.000"))
+		}
 		switch kind {
 		case "kill":
 			var ld *node
@@ -340,6 +342,7 @@ func TestLeaseCheck(t *testing.T) {
 	for _, k := range []string{"discover", string(KindSelect), string(KindReboot), string(KindRenew), string(KindRebind)} {
 		sent = append(sent, fmt.Sprintf("%s %d", k, rec.sent[k].Load()))
 	}
+	t.Logf("fault timeline: the clients started at %s", start.Format("15:04:05.000"))
 	fmt.Printf("leasecheck: %d clients, %d ACKs, %d faults (%d leader kills, %d partitions, %d restarts, %d pauses) in %.0f s; violations %d\n",
 		s.clients, r.Acks, fc.total(), fc.kills.Load(), fc.partitions.Load()+fc.isolations.Load(), fc.restarts.Load(),
 		fc.pauses.Load(), elapsed.Seconds(), len(problems))
@@ -350,6 +353,10 @@ func TestLeaseCheck(t *testing.T) {
 		fc.isolations.Load(), fc.slowStops.Load(), strings.Join(sent, ", "), rec.naks.Load(), rec.timeouts.Load(), rec.releases.Load(),
 		rec.shortAcks.Load(), strings.Join(servers, ", "), len(grants0), len(recs0))
 
+	if len(problems) > 0 {
+		t.Logf("the timeline of the first violating addresses (history and %s's log):\n%s", l.nodes[0].id, timeline(r, h, grants0, 5))
+		keepLogs(t, l)
+	}
 	for i, p := range problems {
 		if i == 20 {
 			t.Errorf("... and %d more", len(problems)-20)
@@ -384,4 +391,69 @@ func sameGrants(a, b []Grant) string {
 		}
 	}
 	return ""
+}
+
+// timeline lists, for the first n addresses with a violation, every ACK,
+// stop and log grant of the address and of the clients involved, by time.
+func timeline(r Result, h History, grants []Grant, n int) string {
+	type row struct {
+		at   time.Time
+		text string
+	}
+	var b strings.Builder
+	seen := map[netip.Addr]bool{}
+	for _, v := range r.Violations {
+		ip := v.A.IP
+		if seen[ip] || len(seen) == n {
+			continue
+		}
+		seen[ip] = true
+		macs := map[string]bool{v.A.MAC: true, v.B.MAC: true}
+		from, to := v.A.From.Add(-30*time.Second), v.B.To.Add(10*time.Second)
+		var rows []row
+		in := func(t time.Time) bool { return !t.Before(from) && t.Before(to) }
+		for _, a := range h.Acks {
+			if (a.IP == ip || macs[a.MAC]) && in(a.Recv) {
+				rows = append(rows, row{a.Sent, fmt.Sprintf("%s sent %s REQUEST for %s", a.MAC, a.Kind, a.IP)},
+					row{a.Recv, fmt.Sprintf("%s ACK %s %s from %s, lease %s (until %s)", a.MAC, a.Kind, a.IP, a.Server, a.Lease,
+						a.End().Format("15:04:05.000000"))})
+			}
+		}
+		for _, s := range h.Stops {
+			if (s.IP == ip || macs[s.MAC]) && in(s.At) {
+				rows = append(rows, row{s.At, fmt.Sprintf("%s stop %s (%s)", s.MAC, s.IP, s.Reason)})
+			}
+		}
+		for _, g := range grants {
+			if (g.IP == ip || macs[g.MAC]) && in(g.At) {
+				rows = append(rows, row{g.At, fmt.Sprintf("log: %s %s %s", g.IP, g.State, g.MAC)})
+			}
+		}
+		sort.SliceStable(rows, func(i, j int) bool { return rows[i].at.Before(rows[j].at) })
+		fmt.Fprintf(&b, "--- %s (%s)\n", ip, v)
+		for _, r := range rows {
+			fmt.Fprintf(&b, "  %s  %s\n", r.at.Format("15:04:05.000000"), r.text)
+		}
+	}
+	return b.String()
+}
+
+// keepLogs copies the nodes' logs out of the test's temporary directories
+// (removed at its end) to a directory that stays, and says where.
+func keepLogs(t *testing.T, l *lab) {
+	dir, err := os.MkdirTemp("", "leasecheck-logs-")
+	if err != nil {
+		t.Logf("keeping the logs: %v", err)
+		return
+	}
+	for _, n := range l.nodes {
+		b, err := os.ReadFile(filepath.Join(n.dir, "kiln.log"))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, n.id+".log"), b, 0o600)
+		}
+		if err != nil {
+			t.Logf("keeping %s's log: %v", n.id, err)
+		}
+	}
+	t.Logf("the nodes' logs are kept in %s", dir)
 }
