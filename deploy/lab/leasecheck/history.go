@@ -99,7 +99,7 @@ type Result struct {
 	Holds map[netip.Addr][]Hold
 }
 
-// Holds turns the history into hold intervals: each ACK gives [Recv,
+// holds turns the history into hold intervals: each ACK gives [Recv,
 // Sent+Lease), ended early at the first stop of the same client and address
 // at or after Recv. An ACK whose interval is empty (a lease of 0, or a stop
 // at its arrival) holds nothing.

@@ -222,10 +222,11 @@ func (l *lab) inject(t *testing.T, rng *rand.Rand, start, until time.Time, fc *f
 				return err
 			}
 		}
-		if !waitUntil(30*time.Second, func() bool { return l.leader() != nil }) {
+		var ld *node
+		if !waitUntil(30*time.Second, func() bool { ld = l.leader(); return ld != nil }) {
 			return fmt.Errorf("no leader 30 s after the %s fault at %s", kind, since())
 		}
-		t.Logf("%s: healed, leader %s", since(), l.leader().id)
+		t.Logf("%s: healed, leader %s", since(), ld.id)
 	}
 }
 
