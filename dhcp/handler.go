@@ -370,7 +370,7 @@ func (s *Server) stepLease(x *exchange) bool {
 		if !canCommit {
 			return x.silence("no_quorum", nil)
 		}
-		if l, ok := s.leases.release(mac, ip4(x.req.ClientIPAddr), x.now); ok {
+		if l, ok := s.leases.release(mac, ip4(x.req.ClientIPAddr)); ok {
 			x.lease = &l
 		}
 		return true

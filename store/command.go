@@ -39,6 +39,7 @@ const (
 	CmdPutSiteV2                         // 22: Site; as 1, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	CmdPutRackV2                         // 23: Rack; as 2, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	CmdTrimEvents                        // 24: Before: delete every event with Index < Before; Before becomes the events floor (never lowered)
+	CmdBindLeasesV2                      // 25 (number provisional, see leases.go): Leases; as 18, and a release ends only the binding whose Expiry it names
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -52,7 +53,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
-	"put_site_v2", "put_rack_v2", "trim_events"}
+	"put_site_v2", "put_rack_v2", "trim_events", "bind_leases_v2"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {

@@ -135,6 +135,81 @@ func TestBindLeasesInvariant(t *testing.T) {
 	}
 }
 
+// A release commits late: the client released x through one node and at
+// once got x again through another, whose binding committed first. Under
+// CmdBindLeasesV2 the late release names the binding it ends (by its
+// Expiry) and leaves the newer binding alone, so x is not given to a second
+// client while the first holds its new ACK; a release naming the current
+// binding ends it. CmdBindLeases (18) replays as it was acknowledged: its
+// late release ends the newer binding (what deploy/lab/leasecheck found).
+func TestLateReleaseKeepsNewerBinding(t *testing.T) {
+	const a, b = "02:00:00:00:00:0a", "02:00:00:00:00:0b"
+	const x = "10.96.0.110"
+	h := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	apply := func(db *bbolt.DB, typ CommandType, idx uint64, at time.Time, l Lease) error {
+		t.Helper()
+		vals, err := run(t, db, idx, &command{Type: typ, Time: at, Leases: []Lease{l}})
+		if err != nil {
+			t.Fatalf("%s refused as a whole: %v", typ, err)
+		}
+		errs, err := leaseErrors(vals, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return errs[0]
+	}
+	for _, c := range []struct {
+		typ       CommandType
+		keepsNewA bool
+	}{{CmdBindLeasesV2, true}, {CmdBindLeases, false}} {
+		db := testDB(t)
+		steps := []struct {
+			at    time.Time
+			l     Lease
+			taken bool
+		}{
+			{h(0), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(20)}, false},     // a's first binding
+			{h(13), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(33)}, false},    // a's new binding (another node)
+			{h(14), Lease{MAC: a, IP: x, State: LeaseReleased, Expiry: h(20)}, false}, // the late release of the first
+			{h(14), Lease{MAC: b, IP: x, State: LeaseBound, Expiry: h(34)}, c.keepsNewA},
+		}
+		for i, st := range steps {
+			err := apply(db, c.typ, uint64(10+i), st.at, st.l)
+			if st.taken != errors.Is(err, ErrAddressTaken) || (!st.taken && err != nil) {
+				t.Fatalf("%s step %d (%s %s): %v, want taken=%v", c.typ, i, st.l.MAC, st.l.State, err, st.taken)
+			}
+		}
+		l, _ := addrRec(t, db, x)
+		if want := a; !c.keepsNewA {
+			if l.MAC != b {
+				t.Fatalf("%s: record %+v, want b's (18 replays as acknowledged)", c.typ, l)
+			}
+		} else if l.MAC != want || l.State != LeaseBound || !l.Expiry.Equal(h(33)) {
+			t.Fatalf("%s: record %+v, want a's newer binding until %s", c.typ, l, h(33))
+		}
+		if !c.keepsNewA {
+			continue
+		}
+		// A release naming the current binding ends it, at the leader's time;
+		// a second one (the record is no binding now) changes nothing.
+		if err := apply(db, c.typ, 20, h(15), Lease{MAC: a, IP: x, State: LeaseReleased, Expiry: h(33)}); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := addrRec(t, db, x); l.State != LeaseReleased || !l.Expiry.Equal(h(15)) {
+			t.Fatalf("release of the current binding stored as %+v", l)
+		}
+		if err := apply(db, c.typ, 21, h(16), Lease{MAC: a, IP: x, State: LeaseReleased, Expiry: h(33)}); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := addrRec(t, db, x); !l.Expiry.Equal(h(15)) {
+			t.Fatalf("a second release changed the record: %+v", l)
+		}
+		if err := apply(db, c.typ, 22, h(16), Lease{MAC: b, IP: x, State: LeaseBound, Expiry: h(36)}); err != nil {
+			t.Fatalf("b after a's release: %v", err)
+		}
+	}
+}
+
 // Issue 11: reloading leases must never let a stale record for an address
 // replace a live binding. The per-MAC records of the older command 10 come
 // in MAC order when the address view is rebuilt (a snapshot from before
