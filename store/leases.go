@@ -123,7 +123,11 @@ func putAddr(a *applyCtx, cur *Lease, l Lease) error {
 // committed late, and the address went to a second client while the first
 // held its ACK (found by deploy/lab/leasecheck). The release and the new
 // binding are two nodes' commits with nothing ordering them; the binding's
-// Expiry, fixed by the node that ACKed it, tells them apart.
+// Expiry, fixed by the node that ACKed it, tells them apart. Likewise a
+// binding never shortens the same client's binding: a retransmitted REQUEST
+// whose commit was held up (behind a leader that died) committed after a
+// newer REQUEST's binding and cut its expiry short, and the address went to
+// another client before the first's ACKed lease ended (also leasecheck).
 
 // bindLeases is CmdBindLeases (v2: CmdBindLeasesV2): each change of ls is decided on its own, in
 // order, at a.now (the leader's time), and a refusal does not affect the
@@ -132,7 +136,9 @@ func putAddr(a *applyCtx, cur *Lease, l Lease) error {
 //
 //   - bound: refused (*AddressTakenError) when cur is live at a.now and
 //     belongs to another MAC, or is a live decline (of anyone); else stored
-//     with l.Expiry as given (the DHCP server fixed it).
+//     with l.Expiry as given (the DHCP server fixed it) — under v2, never
+//     earlier than the same client's binding it replaces (a late commit of
+//     an older REQUEST does not shorten a binding the client was ACKed).
 //   - declined: refused when cur is a live binding of another MAC; else
 //     stored (MAC = the decliner), keeping the address from everyone until
 //     l.Expiry.
@@ -206,6 +212,12 @@ func bindOne(a *applyCtx, l Lease, v2 bool) (leaseOutcome, error) {
 	}
 	if taken {
 		return leaseOutcome{Lease: l, Holder: cur}, nil
+	}
+	if v2 && l.State == LeaseBound && cur != nil && cur.MAC == l.MAC && cur.State == LeaseBound && cur.Expiry.After(l.Expiry) {
+		// A binding of the same client that commits after a longer one
+		// (a retransmitted REQUEST whose commit was held up behind a dead
+		// leader) never shortens it: the client may hold the longer ACK.
+		l.Expiry = cur.Expiry
 	}
 	return leaseOutcome{Lease: l}, putAddr(a, cur, l)
 }

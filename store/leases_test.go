@@ -210,6 +210,49 @@ func TestLateReleaseKeepsNewerBinding(t *testing.T) {
 	}
 }
 
+// A binding of a client that commits after the same client's longer one
+// (its REQUEST older, its commit held up) keeps the longer expiry under
+// CmdBindLeasesV2, so another client cannot take the address before the
+// ACKed lease ends; CmdBindLeases (18) replays as it was: the record is
+// shortened and the other client gets it (what deploy/lab/leasecheck found).
+func TestLateBindingNeverShortens(t *testing.T) {
+	const a, b = "02:00:00:00:00:0a", "02:00:00:00:00:0b"
+	const x = "10.96.0.111"
+	h := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for _, c := range []struct {
+		typ  CommandType
+		keep bool
+	}{{CmdBindLeasesV2, true}, {CmdBindLeases, false}} {
+		db := testDB(t)
+		for i, st := range []struct {
+			at time.Time
+			l  Lease
+		}{
+			{h(0), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(40)}}, // the newer REQUEST's binding
+			{h(1), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(35)}}, // an older REQUEST's, committed late
+		} {
+			vals, err := run(t, db, uint64(10+i), &command{Type: c.typ, Time: st.at, Leases: []Lease{st.l}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if errs, err := leaseErrors(vals, 1); err != nil || errs[0] != nil {
+				t.Fatalf("%s step %d: %v %v", c.typ, i, errs, err)
+			}
+		}
+		vals, err := run(t, db, 20, &command{Type: c.typ, Time: h(36), Leases: []Lease{{MAC: b, IP: x, State: LeaseBound, Expiry: h(56)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs, _ := leaseErrors(vals, 1)
+		if c.keep != errors.Is(errs[0], ErrAddressTaken) {
+			t.Fatalf("%s: b's binding at 36 s: %v (a's binding should run to 40 s: %v)", c.typ, errs[0], c.keep)
+		}
+		if l, _ := addrRec(t, db, x); c.keep && (l.MAC != a || !l.Expiry.Equal(h(40))) {
+			t.Fatalf("%s: record %+v, want a's until 40 s", c.typ, l)
+		}
+	}
+}
+
 // Issue 11: reloading leases must never let a stale record for an address
 // replace a live binding. The per-MAC records of the older command 10 come
 // in MAC order when the address view is rebuilt (a snapshot from before
