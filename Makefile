@@ -17,7 +17,7 @@ FUZZTIME     ?= 10s
 # A developer without them can run `make unit KILN_REQUIRE_ALL=0`.
 KILN_REQUIRE_ALL ?= 1
 
-.PHONY: help build test unit e2e e2e-ha bench fleet fuzz lint depcheck deps-check ci env demo demo-down deps clean
+.PHONY: help build test unit e2e e2e-ha bench fleet leasecheck fuzz lint depcheck deps-check ci env demo demo-down deps clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,12 @@ N ?= 50
 fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root)
 	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT))
 
+LEASECHECK_DURATION ?= 5m
+LEASECHECK_CLIENTS  ?= 2000
+leasecheck: build ## Lease safety (root): 3 kiln serve nodes, LEASECHECK_CLIENTS DHCP clients (2000), random leader kills, partitions, restarts for LEASECHECK_DURATION (5m)
+	set -o pipefail; KILN_BIN=$(abspath $(BIN)/kiln) KILN_LEASECHECK_DURATION=$(LEASECHECK_DURATION) KILN_LEASECHECK_CLIENTS=$(LEASECHECK_CLIENTS) KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) $(GO) test -count=1 -timeout 90m -v -run 'TestLeaseCheck$$' ./deploy/lab/leasecheck/ 2>&1 | tee leasecheck.log | grep -E '^(leasecheck:|--- |ok|FAIL|panic)|leasecheck_test.go'
+	@! grep -qE '^(--- FAIL|FAIL)' leasecheck.log
+
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); failing inputs land in testdata/fuzz/
 	FUZZTIME=$(FUZZTIME) GO=$(GO) deploy/scripts/fuzz.sh
 
@@ -76,4 +82,4 @@ deps-check: ## Every command the scripts, build and tests call: on a fresh machi
 	$(GO) run ./deploy/scripts/pkgcheck
 
 clean: ## Remove build outputs
-	rm -rf $(BIN) build e2e.log e2e-ha.log bench.log
+	rm -rf $(BIN) build e2e.log e2e-ha.log bench.log leasecheck.log

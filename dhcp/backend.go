@@ -41,7 +41,11 @@ type LeaseCommitter interface {
 	// ErrAddressTaken when the record refused it because another client
 	// holds the address (or it is declined), or is another error for a
 	// change that cannot be stored. A bound or declined Lease carries its
-	// absolute Expiry; a released one ends when it commits. err (errs nil)
+	// absolute Expiry; a released one carries the Expiry of the committed
+	// binding it ends (as this server's view holds it) and ends at commit,
+	// but only if the address's record is still that binding: a release
+	// that commits after the same client got the address again (through
+	// another server) must not end the newer binding. err (errs nil)
 	// means nothing is known to be committed: the server drops the batch's
 	// replies and the clients retry. ctx carries Config.SaveTimeout.
 	CommitLeases(ctx context.Context, ls []Lease) (errs []error, err error)
@@ -98,7 +102,8 @@ type Lease struct {
 	MAC      net.HardwareAddr
 	IP       netip.Addr
 	Hostname string
-	// Expiry is the absolute end of the binding (UTC).
+	// Expiry is the absolute end of the binding (UTC); of a release, the
+	// end of the binding it releases.
 	Expiry time.Time
 	// State is one of LeaseBound, LeaseReleased, LeaseDeclined.
 	State string

@@ -210,3 +210,50 @@ func TestMinorityRenewsOnlyTimeLeft(t *testing.T) {
 		t.Fatalf("majority renewal: %v after %d saves", ack, b.saves-saves)
 	}
 }
+
+// On the minority side a SELECTING or INIT-REBOOT REQUEST gets no answer,
+// even for an address the node's view shows as the client's committed
+// binding: neither is a claim that the client still holds it. The client
+// may have released it a moment ago on another node, and another client
+// been given it there, with neither change in this node's view yet — the
+// time left on the stale binding would then be a second holder (found by
+// deploy/lab/leasecheck: a client that released its address, was offered
+// it again by a node that then lost its quorum, and got a SELECTING ACK
+// for "the time left" while the log had given the address to another
+// client). A renewal (ciaddr set) still gets the time left.
+func TestMinorityAnswersOnlyRenewals(t *testing.T) {
+	s, b := newTestServer(t, func(c *Config) { c.Subnets[0].LeaseTime = 10 * time.Minute })
+	mac := "52:54:00:12:02:11"
+	offer, _, _ := s.Handle(msg(t, mac, dhcpv4.MessageTypeDiscover), anySrc, bcastDst)
+	x := offer.YourIPAddr
+	selecting := msg(t, mac, dhcpv4.MessageTypeRequest, dhcpv4.OptRequestedIPAddress(x), dhcpv4.OptServerIdentifier(testServerIP.AsSlice()))
+	if ack, _, _ := s.Handle(selecting, anySrc, bcastDst); ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck {
+		t.Fatalf("ack: %v", ack)
+	}
+	time.Sleep(1100 * time.Millisecond) // so that the time left is below the lease
+	b.set("", nil, true)
+	saves := b.saves
+	if r, _, err := s.Handle(selecting, anySrc, bcastDst); r != nil {
+		t.Fatalf("minority answered a SELECTING REQUEST: %v (%v)", r, err)
+	}
+	reboot := msg(t, mac, dhcpv4.MessageTypeRequest, dhcpv4.OptRequestedIPAddress(x))
+	if r, _, err := s.Handle(reboot, anySrc, bcastDst); r != nil {
+		t.Fatalf("minority answered an INIT-REBOOT REQUEST: %v (%v)", r, err)
+	}
+	rebind := msg(t, mac, dhcpv4.MessageTypeRequest)
+	rebind.ClientIPAddr = x
+	ack, _, err := s.Handle(rebind, anySrc, bcastDst)
+	if err != nil || ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck || ack.IPAddressLeaseTime(0) >= 10*time.Minute {
+		t.Fatalf("minority rebinding: %v %v, want an ACK for the time left", ack, err)
+	}
+	if b.saves != saves {
+		t.Fatalf("minority committed %d batches", b.saves-saves)
+	}
+	// With a quorum again, SELECTING and INIT-REBOOT are answered (and committed).
+	b.set("", nil, false)
+	for _, r := range []*dhcpv4.DHCPv4{selecting, reboot} {
+		if ack, _, _ := s.Handle(r, anySrc, bcastDst); ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck || ack.IPAddressLeaseTime(0) != 10*time.Minute {
+			t.Fatalf("majority: %v", ack)
+		}
+	}
+}

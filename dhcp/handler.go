@@ -306,9 +306,10 @@ func ip4(ip net.IP) netip.Addr {
 
 // stepLease is the RFC 2131 §4.3 state machine of the authoritative server.
 // While the server cannot commit (Membership.CanCommit false) it offers
-// nothing and answers only a REQUEST for the client's committed, unexpired
-// binding, with the time left on it (never beyond it: the idea of the
-// failover protocol's Maximum Client Lead Time) and nothing to commit.
+// nothing and answers only a renewal (RENEWING or REBINDING, see renewal)
+// of the client's committed, unexpired binding, with the time left on it
+// (never beyond it: the idea of the failover protocol's Maximum Client Lead
+// Time) and nothing to commit.
 func (s *Server) stepLease(x *exchange) bool {
 	mac := x.c.mac
 	canCommit := x.mt == dhcpv4.MessageTypeInform || s.b.CanCommit()
@@ -332,6 +333,14 @@ func (s *Server) stepLease(x *exchange) bool {
 			want = ip4(x.req.ClientIPAddr) // RENEWING / REBINDING
 		}
 		if !canCommit {
+			if !renewal(x.req) {
+				// SELECTING and INIT-REBOOT are no claim of a binding the
+				// client still holds: it may have released it a moment
+				// ago, and this node's view may not show the release yet
+				// (nor the next client's binding). Only a log that commits
+				// may answer them.
+				return x.silence("no_quorum", nil)
+			}
 			until, ok := s.leases.committedBinding(mac, want, x.now)
 			left := until.Sub(x.now).Truncate(time.Second)
 			if !ok || left < time.Second || !s.acceptable(x, want) {
@@ -361,7 +370,7 @@ func (s *Server) stepLease(x *exchange) bool {
 		if !canCommit {
 			return x.silence("no_quorum", nil)
 		}
-		if l, ok := s.leases.release(mac, ip4(x.req.ClientIPAddr), x.now); ok {
+		if l, ok := s.leases.release(mac, ip4(x.req.ClientIPAddr)); ok {
 			x.lease = &l
 		}
 		return true
@@ -372,6 +381,16 @@ func (s *Server) stepLease(x *exchange) bool {
 		return x.silence("unsupported_type", nil)
 	}
 	return false
+}
+
+// renewal reports whether r is a RENEWING or REBINDING REQUEST (RFC 2131
+// §4.3.2, table 5): ciaddr set, neither option 50 nor option 54. That
+// client holds the binding it asks to extend (it has not released it), so
+// the binding's committed expiry, which only a release or decline of the
+// same client could shorten, bounds what it may be told.
+func renewal(r *dhcpv4.DHCPv4) bool {
+	return ip4(r.ClientIPAddr).IsValid() && r.Options.Get(dhcpv4.OptionRequestedIPAddress) == nil &&
+		r.Options.Get(dhcpv4.OptionServerIdentifier) == nil
 }
 
 // acceptable: the address is in the subnet and is the machine's reservation,

@@ -183,8 +183,9 @@ func TestDORAAndRFC2131(t *testing.T) {
 	if r, _, err := s.Handle(rel, anySrc, netip.AddrPortFrom(testServerIP, 67)); r != nil || err != nil {
 		t.Fatalf("release answered: %v %v", r, err)
 	}
-	if last := b.saved[len(b.saved)-1]; last.State != LeaseReleased {
-		t.Fatalf("release not persisted: %+v", last)
+	bound := b.saved[len(b.saved)-2] // the INIT-REBOOT's binding
+	if last := b.saved[len(b.saved)-1]; last.State != LeaseReleased || !last.Expiry.Equal(bound.Expiry) || bound.State != LeaseBound {
+		t.Fatalf("release not persisted naming the binding it ends (%+v): %+v", bound, last)
 	}
 	if ack, _, _ := s.Handle(steal, anySrc, bcastDst); ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck {
 		t.Fatalf("released address not reusable: %v", ack)

@@ -100,6 +100,11 @@ func (g *leaseLog) CommitLeases(_ context.Context, ls []Lease) ([]error, error) 
 			if other {
 				errs[i] = fmt.Errorf("%w: %v", ErrAddressTaken, l.IP)
 			}
+		case l.State == LeaseReleased && (cur.State != LeaseBound || !cur.Expiry.Equal(l.Expiry)):
+			// Not the binding it names (renewed or replaced since): nothing.
+		case l.State == LeaseReleased:
+			l.Expiry = now
+			done = append(done, l)
 		case other:
 			errs[i] = fmt.Errorf("%w: %v held by %v", ErrAddressTaken, l.IP, cur.MAC)
 		default:

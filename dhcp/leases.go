@@ -244,16 +244,19 @@ func (t *leaseTable) bind(mac net.HardwareAddr, ip netip.Addr, host string, expi
 	return Lease{MAC: append(net.HardwareAddr(nil), mac...), IP: ip, Hostname: host, Expiry: expiry, State: LeaseBound}
 }
 
-// release returns the release to commit when mac holds ip (RFC 2131
-// §4.4.6); ok=false when not.
-func (t *leaseTable) release(mac net.HardwareAddr, ip netip.Addr, now time.Time) (Lease, bool) {
+// release returns the release to commit when mac's committed binding of ip
+// is in the view (RFC 2131 §4.4.6); ok=false when not. Its Expiry names
+// that binding (see LeaseCommitter): the record ends only that binding, not
+// one the client got since (through another server, before this release
+// commits).
+func (t *leaseTable) release(mac net.HardwareAddr, ip netip.Addr) (Lease, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.byIP[ip]
-	if e == nil || e.mac != string(mac) || e.state == LeaseDeclined || e.state == LeaseReleased {
+	if e == nil || e.mac != string(mac) || e.state != LeaseBound {
 		return Lease{}, false
 	}
-	return Lease{MAC: append(net.HardwareAddr(nil), mac...), IP: ip, Hostname: e.hostname, Expiry: now, State: LeaseReleased}, true
+	return Lease{MAC: append(net.HardwareAddr(nil), mac...), IP: ip, Hostname: e.hostname, Expiry: e.expiry, State: LeaseReleased}, true
 }
 
 // decline returns the decline to commit: ip unusable until now+hold (RFC

@@ -191,8 +191,8 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Job)(putJob(a, c.Job))
 	case CmdPutLeases:
 		err = putLeases(a, c.Leases)
-	case CmdBindLeases:
-		if out, recs, err = bindLeases(a, c.Leases); err != nil {
+	case CmdBindLeases, CmdBindLeasesV2:
+		if out, recs, err = bindLeases(a, c.Leases, c.Type == CmdBindLeasesV2); err != nil {
 			return nil, nil, 0, err
 		}
 	case CmdAppendEvents:

@@ -385,6 +385,8 @@ func FuzzDecodeApply(f *testing.F) {
 	seed(&command{Type: CmdBindLeases, Time: t0, Leases: []Lease{{MAC: "02:00:00:00:00:01", IP: "10.0.0.1", State: LeaseBound, Expiry: t0.Add(time.Hour)},
 		{MAC: "02:00:00:00:00:02", IP: "10.0.0.1", State: LeaseBound}, {MAC: "02:00:00:00:00:02", IP: "10.0.0.1", State: LeaseDeclined},
 		{MAC: "02:00:00:00:00:01", IP: "10.0.0.1", State: LeaseReleased}}})
+	seed(&command{Type: CmdBindLeasesV2, Time: t0, Leases: []Lease{{MAC: "02:00:00:00:00:01", IP: "10.0.0.1", State: LeaseBound, Expiry: t0.Add(time.Hour)},
+		{MAC: "02:00:00:00:00:01", IP: "10.0.0.1", State: LeaseReleased, Expiry: t0}, {MAC: "02:00:00:00:00:01", IP: "10.0.0.1", State: LeaseReleased, Expiry: t0.Add(time.Hour)}}})
 	seed(&command{Type: CmdAppendEvents, Events: []Event{{Subject: "s", Kind: "k"}}})
 	seed(&command{Type: CmdRegisterNode, Node: &nodeInfo{ID: "n", ForwardAddr: "127.0.0.1:1"}})
 	seed(&command{Type: CmdPutImage, Time: t0, Image: &Image{Meta: Meta{ID: "img"}, Name: "os"}})

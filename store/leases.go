@@ -111,20 +111,42 @@ func putAddr(a *applyCtx, cur *Lease, l Lease) error {
 	return a.event(ev)
 }
 
-// bindLeases is CmdBindLeases: each change of ls is decided on its own, in
+// CmdBindLeasesV2 (29) is
+// CmdBindLeases with one more rule, for releases: a release names the
+// binding it ends by that binding's Expiry (the one the releasing node saw),
+// and ends the address's record only when the record is that binding. Under
+// 18 a release ends whatever binding of the same client the address holds
+// when it commits: a client that released an address through one node and
+// at once got it again through another (DISCOVER, OFFER of its previous
+// address, REQUEST) lost its new binding when the first node's release
+// committed late, and the address went to a second client while the first
+// held its ACK (found by deploy/lab/leasecheck). The release and the new
+// binding are two nodes' commits with nothing ordering them; the binding's
+// Expiry, fixed by the node that ACKed it, tells them apart. Likewise a
+// binding never shortens the same client's binding: a retransmitted REQUEST
+// whose commit was held up (behind a leader that died) committed after a
+// newer REQUEST's binding and cut its expiry short, and the address went to
+// another client before the first's ACKed lease ended (also leasecheck).
+
+// bindLeases is CmdBindLeases (v2: CmdBindLeasesV2): each change of ls is decided on its own, in
 // order, at a.now (the leader's time), and a refusal does not affect the
 // others (a group-commit batch holds unrelated clients). For the address
 // l.IP and its record cur:
 //
 //   - bound: refused (*AddressTakenError) when cur is live at a.now and
 //     belongs to another MAC, or is a live decline (of anyone); else stored
-//     with l.Expiry as given (the DHCP server fixed it).
+//     with l.Expiry as given (the DHCP server fixed it) — under v2, never
+//     earlier than the same client's binding it replaces (a late commit of
+//     an older REQUEST does not shorten a binding the client was ACKed).
 //   - declined: refused when cur is a live binding of another MAC; else
 //     stored (MAC = the decliner), keeping the address from everyone until
 //     l.Expiry.
-//   - released: stored with Expiry = a.now when cur is l.MAC's; refused when
-//     another client holds the address live; else nothing to release (the
-//     outcome is the change as asked, nothing stored).
+//   - released: stored with Expiry = a.now when cur is l.MAC's (v2: when
+//     cur is l.MAC's binding with Expiry equal to l.Expiry; a release of a
+//     binding since renewed or replaced, or of a record that is no binding,
+//     changes nothing); refused when another client holds the address live;
+//     else nothing to release (the outcome is the change as asked, nothing
+//     stored).
 //
 // A malformed change (MAC, IPv4 address, state) is refused with ErrInvalid.
 // The result has one leaseOutcome JSON value per change. A binding for a
@@ -132,14 +154,14 @@ func putAddr(a *applyCtx, cur *Lease, l Lease) error {
 // its expiry (a client may hold one address per subnet, and the FSM does
 // not know subnets). recs holds the same outcomes as *leaseOutcome, for
 // the leader's caller (no decoding of the JSON it just wrote).
-func bindLeases(a *applyCtx, ls []Lease) (out []json.RawMessage, recs []any, err error) {
+func bindLeases(a *applyCtx, ls []Lease, v2 bool) (out []json.RawMessage, recs []any, err error) {
 	if len(ls) == 0 {
 		return nil, nil, fmt.Errorf("%w: bind_leases without leases", ErrBadCommand)
 	}
 	out = make([]json.RawMessage, 0, len(ls))
 	recs = make([]any, 0, len(ls))
 	for _, l := range ls {
-		o, err := bindOne(a, l)
+		o, err := bindOne(a, l, v2)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -153,7 +175,7 @@ func bindLeases(a *applyCtx, ls []Lease) (out []json.RawMessage, recs []any, err
 	return out, recs, nil
 }
 
-func bindOne(a *applyCtx, l Lease) (leaseOutcome, error) {
+func bindOne(a *applyCtx, l Lease, v2 bool) (leaseOutcome, error) {
 	mac, err := NormalizeMAC(l.MAC)
 	if err == nil {
 		l.MAC = mac
@@ -181,6 +203,9 @@ func bindOne(a *applyCtx, l Lease) (leaseOutcome, error) {
 			}
 			return leaseOutcome{Lease: l}, nil // nothing of l.MAC's to release
 		}
+		if v2 && (cur.State != LeaseBound || !cur.Expiry.Equal(l.Expiry)) {
+			return leaseOutcome{Lease: l}, nil // not the binding it names: stale
+		}
 		taken = false
 		l.Expiry = a.now
 		if l.Hostname == "" {
@@ -189,6 +214,12 @@ func bindOne(a *applyCtx, l Lease) (leaseOutcome, error) {
 	}
 	if taken {
 		return leaseOutcome{Lease: l, Holder: cur}, nil
+	}
+	if v2 && l.State == LeaseBound && cur != nil && cur.MAC == l.MAC && cur.State == LeaseBound && cur.Expiry.After(l.Expiry) {
+		// A binding of the same client that commits after a longer one
+		// (a retransmitted REQUEST whose commit was held up behind a dead
+		// leader) never shortens it: the client may hold the longer ACK.
+		l.Expiry = cur.Expiry
 	}
 	return leaseOutcome{Lease: l}, putAddr(a, cur, l)
 }
@@ -273,7 +304,8 @@ func rebuildLeaseAddrs(tx *bbolt.Tx) error {
 
 // ---- writes and reads ----
 
-// BindLeases commits ls in ONE raft command (CmdBindLeases; batch the
+// BindLeases commits ls in ONE raft command (CmdBindLeasesV2, or
+// CmdBindLeases while a voter does not understand v2; batch the
 // changes of a group commit into one call). Each change is decided by the
 // FSM on its own (see bindLeases): errs[i] is nil when ls[i] was stored,
 // *AddressTakenError (wraps ErrAddressTaken) when the address is held by
@@ -281,14 +313,19 @@ func rebuildLeaseAddrs(tx *bbolt.Tx) error {
 // address, or a state other than LeaseBound, LeaseDeclined, LeaseReleased).
 // Expiry is taken as given for bindings and declines (the caller fixes it
 // before calling; compare it with the leader's clock, so keep the nodes'
-// clocks in step); a release ends at the leader's time. err is the error of
+// clocks in step); a release ends at the leader's time, and under v2 its
+// Expiry names the binding it ends (that binding's Expiry). err is the error of
 // the whole write (ErrNotLeader, ErrTimeout, ErrClosed, ...): nothing is
 // known to be committed, and errs is nil.
 func (s *Store) BindLeases(ctx context.Context, ls []Lease) (errs []error, err error) {
 	if len(ls) == 0 {
 		return nil, nil
 	}
-	vals, recs, err := s.write(ctx, &command{Type: CmdBindLeases, W: W{Actor: "dhcp"}, Leases: ls})
+	t := CmdBindLeasesV2
+	if s.checkVersions(t) != nil {
+		t = CmdBindLeases // a voter predates v2: its release rule would differ
+	}
+	vals, recs, err := s.write(ctx, &command{Type: t, W: W{Actor: "dhcp"}, Leases: ls})
 	if err != nil {
 		return nil, err
 	}

@@ -169,7 +169,7 @@ func TestClusterBindLeasesOneHolderPerAddress(t *testing.T) {
 	}
 	var rel []store.Lease
 	for ip, mac := range won {
-		rel = append(rel, store.Lease{MAC: mac, IP: ip, State: store.LeaseReleased})
+		rel = append(rel, store.Lease{MAC: mac, IP: ip, State: store.LeaseReleased, Expiry: exp}) // names the binding it ends
 	}
 	if errs, err := c.Nodes[rest[0]].Store.BindLeases(ctxT(t), rel); err != nil {
 		t.Fatal(err)

@@ -135,6 +135,124 @@ func TestBindLeasesInvariant(t *testing.T) {
 	}
 }
 
+// A release commits late: the client released x through one node and at
+// once got x again through another, whose binding committed first. Under
+// CmdBindLeasesV2 the late release names the binding it ends (by its
+// Expiry) and leaves the newer binding alone, so x is not given to a second
+// client while the first holds its new ACK; a release naming the current
+// binding ends it. CmdBindLeases (18) replays as it was acknowledged: its
+// late release ends the newer binding (what deploy/lab/leasecheck found).
+func TestLateReleaseKeepsNewerBinding(t *testing.T) {
+	const a, b = "02:00:00:00:00:0a", "02:00:00:00:00:0b"
+	const x = "10.96.0.110"
+	h := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	apply := func(db *bbolt.DB, typ CommandType, idx uint64, at time.Time, l Lease) error {
+		t.Helper()
+		vals, err := run(t, db, idx, &command{Type: typ, Time: at, Leases: []Lease{l}})
+		if err != nil {
+			t.Fatalf("%s refused as a whole: %v", typ, err)
+		}
+		errs, err := leaseErrors(vals, nil, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return errs[0]
+	}
+	for _, c := range []struct {
+		typ       CommandType
+		keepsNewA bool
+	}{{CmdBindLeasesV2, true}, {CmdBindLeases, false}} {
+		db := testDB(t)
+		steps := []struct {
+			at    time.Time
+			l     Lease
+			taken bool
+		}{
+			{h(0), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(20)}, false},     // a's first binding
+			{h(13), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(33)}, false},    // a's new binding (another node)
+			{h(14), Lease{MAC: a, IP: x, State: LeaseReleased, Expiry: h(20)}, false}, // the late release of the first
+			{h(14), Lease{MAC: b, IP: x, State: LeaseBound, Expiry: h(34)}, c.keepsNewA},
+		}
+		for i, st := range steps {
+			err := apply(db, c.typ, uint64(10+i), st.at, st.l)
+			if st.taken != errors.Is(err, ErrAddressTaken) || (!st.taken && err != nil) {
+				t.Fatalf("%s step %d (%s %s): %v, want taken=%v", c.typ, i, st.l.MAC, st.l.State, err, st.taken)
+			}
+		}
+		l, _ := addrRec(t, db, x)
+		if want := a; !c.keepsNewA {
+			if l.MAC != b {
+				t.Fatalf("%s: record %+v, want b's (18 replays as acknowledged)", c.typ, l)
+			}
+		} else if l.MAC != want || l.State != LeaseBound || !l.Expiry.Equal(h(33)) {
+			t.Fatalf("%s: record %+v, want a's newer binding until %s", c.typ, l, h(33))
+		}
+		if !c.keepsNewA {
+			continue
+		}
+		// A release naming the current binding ends it, at the leader's time;
+		// a second one (the record is no binding now) changes nothing.
+		if err := apply(db, c.typ, 20, h(15), Lease{MAC: a, IP: x, State: LeaseReleased, Expiry: h(33)}); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := addrRec(t, db, x); l.State != LeaseReleased || !l.Expiry.Equal(h(15)) {
+			t.Fatalf("release of the current binding stored as %+v", l)
+		}
+		if err := apply(db, c.typ, 21, h(16), Lease{MAC: a, IP: x, State: LeaseReleased, Expiry: h(33)}); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := addrRec(t, db, x); !l.Expiry.Equal(h(15)) {
+			t.Fatalf("a second release changed the record: %+v", l)
+		}
+		if err := apply(db, c.typ, 22, h(16), Lease{MAC: b, IP: x, State: LeaseBound, Expiry: h(36)}); err != nil {
+			t.Fatalf("b after a's release: %v", err)
+		}
+	}
+}
+
+// A binding of a client that commits after the same client's longer one
+// (its REQUEST older, its commit held up) keeps the longer expiry under
+// CmdBindLeasesV2, so another client cannot take the address before the
+// ACKed lease ends; CmdBindLeases (18) replays as it was: the record is
+// shortened and the other client gets it (what deploy/lab/leasecheck found).
+func TestLateBindingNeverShortens(t *testing.T) {
+	const a, b = "02:00:00:00:00:0a", "02:00:00:00:00:0b"
+	const x = "10.96.0.111"
+	h := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for _, c := range []struct {
+		typ  CommandType
+		keep bool
+	}{{CmdBindLeasesV2, true}, {CmdBindLeases, false}} {
+		db := testDB(t)
+		for i, st := range []struct {
+			at time.Time
+			l  Lease
+		}{
+			{h(0), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(40)}}, // the newer REQUEST's binding
+			{h(1), Lease{MAC: a, IP: x, State: LeaseBound, Expiry: h(35)}}, // an older REQUEST's, committed late
+		} {
+			vals, err := run(t, db, uint64(10+i), &command{Type: c.typ, Time: st.at, Leases: []Lease{st.l}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if errs, err := leaseErrors(vals, nil, 1); err != nil || errs[0] != nil {
+				t.Fatalf("%s step %d: %v %v", c.typ, i, errs, err)
+			}
+		}
+		vals, err := run(t, db, 20, &command{Type: c.typ, Time: h(36), Leases: []Lease{{MAC: b, IP: x, State: LeaseBound, Expiry: h(56)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs, _ := leaseErrors(vals, nil, 1)
+		if c.keep != errors.Is(errs[0], ErrAddressTaken) {
+			t.Fatalf("%s: b's binding at 36 s: %v (a's binding should run to 40 s: %v)", c.typ, errs[0], c.keep)
+		}
+		if l, _ := addrRec(t, db, x); c.keep && (l.MAC != a || !l.Expiry.Equal(h(40))) {
+			t.Fatalf("%s: record %+v, want a's until 40 s", c.typ, l)
+		}
+	}
+}
+
 // Issue 11: reloading leases must never let a stale record for an address
 // replace a live binding. The per-MAC records of the older command 10 come
 // in MAC order when the address view is rebuilt (a snapshot from before
