@@ -19,7 +19,7 @@ func (s *Server) healthz(c echo.Context) error {
 func (s *Server) readyz(c echo.Context) error {
 	h := s.b.Health()
 	if !h.Ready {
-		return c.JSON(http.StatusServiceUnavailable, Status{Status: "not_ready", Leader: h.Leader})
+		return c.JSON(http.StatusServiceUnavailable, Status{Status: "not_ready", Leader: h.Leader, Error: h.Halted})
 	}
 	return c.JSON(http.StatusOK, Status{Status: "ok", Leader: h.Leader})
 }

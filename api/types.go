@@ -196,4 +196,7 @@ type SiteStatus struct {
 type Status struct {
 	Status string `json:"status"` // ok | not_ready
 	Leader string `json:"leader,omitempty"`
+	// Error says why a node is not ready when it is more than waiting for
+	// a leader: the store's halt error (Health.Halted).
+	Error string `json:"error,omitempty"`
 }

@@ -68,13 +68,17 @@ func (b *apiBackend) RemoveMember(ctx context.Context, id string, w store.W) err
 // Health reports raft leadership and readiness for /readyz and /v1/site/status.
 func (b *apiBackend) Health() api.Health {
 	_, leader := b.st.Leader()
-	return api.Health{
+	h := api.Health{
 		Leader:   leader,
 		IsLeader: b.st.IsLeader(),
 		Ready:    b.st.Ready(),
 		Stats:    b.st.Stats(),
 		Version:  b.version,
 	}
+	if err := b.st.Halted(); err != nil {
+		h.Halted = err.Error()
+	}
+	return h
 }
 
 // bootBackend is httpboot.Backend over the lifecycle controller, which issues

@@ -59,7 +59,7 @@ var codeErrs = []struct {
 	err  error
 }{
 	{"conflict", ErrConflict}, {"not_found", ErrNotFound}, {"invalid", ErrInvalid},
-	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"unknown_command", ErrUnknownCommand},
+	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"fsm_halted", ErrFSMHalted}, {"unknown_command", ErrUnknownCommand},
 	{"bad_command", ErrBadCommand}, {"not_leader", ErrNotLeader}, {"timeout", ErrTimeout},
 	{"corrupt", ErrCorrupt}, {"closed", ErrClosed}, {"unauthenticated", ErrUnauthenticated},
 	{"join_token", ErrJoinToken}, {"unsupported_by_cluster", ErrUnsupportedByCluster},

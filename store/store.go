@@ -489,6 +489,9 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 func (s *Store) Ready() bool { return s.cons.ready() }
 
 func (s *Store) raftReady() bool {
+	if s.fsm.halt.Load() != nil {
+		return false
+	}
 	if id, _ := s.Leader(); id == "" {
 		return false
 	}
@@ -539,6 +542,18 @@ func (s *Store) fsmCaughtUp(idx uint64) bool {
 // not see between two commands; more than this and Ready waits for a write).
 const maxReadyGap = 4096
 
+// Halted is nil while the FSM applies the log, and the *HaltError (wrapping
+// ErrFSMHalted) once it stopped at an entry of a command type this binary
+// does not know. A halted node is not Ready, refuses snapshots, and every
+// write or wait on it fails with this error; it stays so until the process
+// restarts (on a binary that knows the type). See DESIGN.md "Mixed versions".
+func (s *Store) Halted() error {
+	if h := s.fsm.halt.Load(); h != nil {
+		return h
+	}
+	return nil
+}
+
 // Stats returns raft's statistics (raft.Raft.Stats: state, term,
 // last_log_index, commit_index, applied_index, last_snapshot_index, ...)
 // plus fsm_applied_index and last_event_index. A local store reports
@@ -551,6 +566,9 @@ func (s *Store) Stats() map[string]string {
 	st := s.raft.Stats()
 	st["fsm_applied_index"] = fmt.Sprint(s.fsm.applied.Load())
 	st["last_event_index"] = fmt.Sprint(s.fsm.lastEvent.Load())
+	if h := s.fsm.halt.Load(); h != nil {
+		st["fsm_halted_at_index"] = fmt.Sprint(h.Index)
+	}
 	return st
 }
 
@@ -560,6 +578,9 @@ func (s *Store) Stats() map[string]string {
 func (s *Store) Snapshot() error {
 	if s.raft == nil {
 		return fmt.Errorf("%w: Snapshot", ErrNoRaft)
+	}
+	if h := s.fsm.halt.Load(); h != nil {
+		return fmt.Errorf("snapshot refused: %w", h) // raft's own error would not wrap it
 	}
 	return s.raft.Snapshot().Error()
 }
@@ -686,6 +707,9 @@ func (s *Store) waitApplied(ctx context.Context, idx uint64) error {
 		_, ch := s.fsm.waitChans()
 		if s.fsm.applied.Load() >= idx {
 			return nil
+		}
+		if h := s.fsm.halt.Load(); h != nil {
+			return h
 		}
 		select {
 		case <-ch:
