@@ -39,8 +39,16 @@ const (
 	CmdPutSiteV2                         // 22: Site; as 1, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	CmdPutRackV2                         // 23: Rack; as 2, and a create (ResourceVersion 0) of a stored ID is ErrConflict
 	CmdTrimEvents                        // 24: Before: delete every event with Index < Before; Before becomes the events floor (never lowered)
+	cmdReserved25                        // 25: reserved for issue 14 (put_machines_v3); not known to this binary
+	cmdReserved26                        // 26: reserved for issue 14 (put_remediation); not known to this binary
+	CmdRenewMember                       // 27: Member (ID, CertSerial, CertNotAfter, CAHash): a node's renewed certificate (cluster.go)
+	CmdDeleteImageV3                     // 28: ID; as 15, and leaves an image tombstone (name, SHA-256) so every node removes the file
 	cmdEnd                               // sentinel: first unknown value
 )
+
+// reservedCommand reports the numbers taken by other work that this binary
+// does not implement: it refuses them as unknown (decodeCommand).
+func reservedCommand(t CommandType) bool { return t == cmdReserved25 || t == cmdReserved26 }
 
 // CmdPutMachines (3), CmdDeleteImage (8), CmdPutSite (1) and CmdPutRack
 // (2) are no longer written: their V2 successors add referential checks
@@ -52,7 +60,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
-	"put_site_v2", "put_rack_v2", "trim_events"}
+	"put_site_v2", "put_rack_v2", "trim_events", "reserved_25", "reserved_26", "renew_member", "delete_image_v3"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -131,7 +139,7 @@ func decodeCommand(b []byte) (*command, error) {
 		return nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
 	}
 	t := CommandType(b[0])
-	if t == CmdInvalid || t >= cmdEnd {
+	if t == CmdInvalid || t >= cmdEnd || reservedCommand(t) {
 		return nil, fmt.Errorf("%w: type byte %d", ErrUnknownCommand, b[0])
 	}
 	c := &command{}

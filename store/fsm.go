@@ -556,7 +556,7 @@ func (f *fsm) unknownType(t CommandType) bool {
 	if m := f.knownMax.Load(); m != 0 && uint32(t) > m {
 		return true
 	}
-	return t == CmdInvalid || t >= cmdEnd
+	return t == CmdInvalid || t >= cmdEnd || reservedCommand(t)
 }
 
 // haltAt stops the FSM at entry l (its first unknown entry), logs it at
