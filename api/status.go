@@ -67,6 +67,11 @@ func (s *Server) siteStatus(c echo.Context) error {
 		}
 		st.Images = append(st.Images, iv)
 	}
+	if e, ok := s.b.(EnvBackend); ok {
+		if st.Environment, err = e.EnvStatus(); err != nil {
+			s.log.Warn("site status: environment comparison unavailable", "err", err)
+		}
+	}
 	st.Raft = s.b.Health()
 	st.Version = st.Raft.Version
 	return c.JSON(http.StatusOK, st)

@@ -27,6 +27,7 @@ type apiBackend struct {
 	keys    *siteKeys     // site key rotation (sitekey.go); nil = none
 	bk      *backupSource // GET /v1/backup (backup.go); nil = none
 	images  *imageSync    // image presence in the site status (imagesync.go); nil = none
+	env     *envCheck     // environment comparison in the site status (envcheck.go); nil = none
 	version string
 }
 
@@ -48,6 +49,14 @@ func (b *apiBackend) ImagePresence(ctx context.Context) (map[string][]string, er
 		return nil, nil
 	}
 	return b.images.ImagePresence(ctx)
+}
+
+// EnvStatus is api.EnvBackend: the environment comparison (envcheck.go).
+func (b *apiBackend) EnvStatus() (*api.EnvStatus, error) {
+	if b.env == nil {
+		return nil, nil
+	}
+	return b.env.EnvStatus()
 }
 
 // The cluster routes (api.ClusterBackend) are the store's own operations.

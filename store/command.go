@@ -88,6 +88,9 @@ type nodeInfo struct {
 	ForwardAddr string      `json:"forward_addr"`
 	Version     string      `json:"version,omitempty"`
 	MaxCommand  CommandType `json:"max_command,omitempty"`
+	// Env (later still, ignored the same way by older binaries): the node's
+	// in-RAM environment digests, kept in its version record.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // command is the body of one log entry. Which payload field is used depends

@@ -35,8 +35,9 @@ type membership struct {
 	ForwardAddr string `json:"forward_addr,omitempty"`
 	// The joiner's version record (versions.go), when it joins itself
 	// (JoinVia): registered before it becomes a voter.
-	Version    string      `json:"version,omitempty"`
-	MaxCommand CommandType `json:"max_command,omitempty"`
+	Version    string            `json:"version,omitempty"`
+	MaxCommand CommandType       `json:"max_command,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
 }
 
 type wireError struct {
@@ -173,7 +174,7 @@ func (s *Store) forwardHandler() http.Handler {
 			}
 			var err error
 			if join {
-				err = s.joinLocal(r.Context(), m.RaftAddr, &nodeInfo{ID: m.ID, ForwardAddr: m.ForwardAddr, Version: m.Version, MaxCommand: m.MaxCommand})
+				err = s.joinLocal(r.Context(), m.RaftAddr, &nodeInfo{ID: m.ID, ForwardAddr: m.ForwardAddr, Version: m.Version, MaxCommand: m.MaxCommand, Env: m.Env})
 			} else {
 				err = s.removeLocal(r.Context(), m.ID)
 			}
@@ -345,7 +346,7 @@ func (s *Store) JoinVia(ctx context.Context, peers []string) error {
 	}
 	self := s.selfInfo()
 	body, _ := json.Marshal(membership{ID: s.cfg.NodeID, RaftAddr: s.RaftAddr(), ForwardAddr: s.ForwardAddr(),
-		Version: self.Version, MaxCommand: self.MaxCommand})
+		Version: self.Version, MaxCommand: self.MaxCommand, Env: self.Env})
 	backoff := 100 * time.Millisecond
 	var last error
 	for {

@@ -81,6 +81,11 @@ type Config struct {
 	// Version is this node's binary version as `kiln version` prints it
 	// ("" = "dev"), reported in its version record (versions.go).
 	Version string
+	// Env, when set, gives this node's in-RAM environment digests (file
+	// name → lower-case hex SHA-256) for its version record (NodeVersion.Env);
+	// called every registerInterval, so it must be cheap (cached). nil or an
+	// empty map reports none.
+	Env func() map[string]string
 	// PeerFiles, when set, serves GET /peer/... on the forward RPC to other
 	// members only (a client certificate of the site CA; see PeerGet). The
 	// appliance serves its image catalog here (appliance/imagesync.go).
