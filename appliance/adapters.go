@@ -66,6 +66,11 @@ func (b *apiBackend) CreateJoinToken(ctx context.Context, ttl time.Duration, w s
 	return b.st.CreateJoinToken(ctx, ttl, w)
 }
 
+// RotateCA is api.CABackend: store.Store.RotateCA.
+func (b *apiBackend) RotateCA(ctx context.Context) (store.CARotation, error) {
+	return b.st.RotateCA(ctx)
+}
+
 // Members is api.ClusterBackend: store.Store.Members.
 func (b *apiBackend) Members() ([]store.ClusterMember, error) { return b.st.Members() }
 

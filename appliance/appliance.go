@@ -29,6 +29,7 @@ import (
 	"kiln/dhcp"
 	"kiln/httpboot"
 	"kiln/store"
+	"kiln/store/pki"
 	"kiln/tftp"
 )
 
@@ -114,6 +115,10 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		OnSecrets:   siteK.update,
 		Version:     version,
 		Env:         func() map[string]string { return a.envP.Load().digests() },
+		// Renewed certificates and CA rotation steps are saved before use.
+		OnIdentity:    func(id *pki.Identity) error { return id.Save(cfg.Raft.TLSDir) },
+		CertLifetime:  cfg.Raft.CertLifetime,
+		RenewFraction: cfg.Raft.CertRenewFraction,
 		// Set in New below, before Run serves the forward RPC.
 		PeerFiles: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { a.peerFiles.ServeHTTP(w, r) }),
 	}, log, reg)

@@ -226,6 +226,8 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		err = applyRemoveMember(a, c.ID)
 	case CmdTrimEvents:
 		err = trimEvents(a, c.Before)
+	case CmdRenewMember:
+		err = applyRenewMember(a, c.Member)
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}

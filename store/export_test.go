@@ -10,7 +10,7 @@ import (
 // CreateJoinTokenTTL is CreateJoinToken without the MinJoinTokenTTL floor,
 // so a test can see a token expire.
 func (s *Store) CreateJoinTokenTTL(ctx context.Context, ttl time.Duration) (string, error) {
-	tok := pki.NewToken(s.cfg.Identity.CAHash())
+	tok := pki.NewToken(s.Identity().CAHash())
 	_, _, err := s.write(ctx, &command{Type: CmdPutJoinToken, W: W{Actor: "test"},
 		JoinToken: &JoinToken{Hash: tok.Hash(), TTL: ttl}})
 	return tok.String(), err
@@ -37,4 +37,11 @@ func (s *Store) ApplyRaw(data []byte) error {
 		return r.Err
 	}
 	return nil
+}
+
+// CloseConns closes s's pooled outbound connections (raft and forward
+// RPC), so the next requests make new TLS handshakes.
+func (s *Store) CloseConns() {
+	s.trans.CloseStreams()
+	s.http.CloseIdleConnections()
 }

@@ -197,6 +197,8 @@ func (s *Store) forwardHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /cluster/enroll", s.serveEnroll)
 	mux.HandleFunc("POST /raft/secrets", s.serveSecrets)
+	mux.HandleFunc("POST /raft/renew", s.serveRenew)
+	mux.HandleFunc("POST /raft/ca", s.serveCAStep)
 	if s.cfg.PeerFiles != nil {
 		mux.Handle("GET /peer/", s.cfg.PeerFiles)
 	}

@@ -86,6 +86,16 @@ type Config struct {
 	// called every registerInterval, so it must be cheap (cached). nil or an
 	// empty map reports none.
 	Env func() map[string]string
+	// CertLifetime is the lifetime of the node certificates this node
+	// issues (enrollment, renewal; 0 = pki.NodeValidity, 10 years).
+	CertLifetime time.Duration
+	// RenewFraction: this node renews its certificate once this fraction of
+	// its lifetime has passed (0 = DefaultRenewFraction; 0 < f < 1).
+	RenewFraction float64
+	// OnIdentity, when set, stores a new identity of this node (a renewed
+	// certificate, a CA rotation step) before it is used; an error keeps
+	// the old one. The appliance saves it to raft.tls_dir.
+	OnIdentity func(*pki.Identity) error
 	// PeerFiles, when set, serves GET /peer/... on the forward RPC to other
 	// members only (a client certificate of the site CA; see PeerGet). The
 	// appliance serves its image catalog here (appliance/imagesync.go).
@@ -108,6 +118,10 @@ func (c *Config) Validate() error {
 			"with a site certificate (pki.NewSite at bootstrap, Enroll when joining)", ErrInvalid)
 	case c.Identity.NodeID() != c.NodeID:
 		return fmt.Errorf("%w: the site certificate names node %q, Config.NodeID is %q", ErrInvalid, c.Identity.NodeID(), c.NodeID)
+	case time.Now().After(c.Identity.Cert.NotAfter):
+		return fmt.Errorf("%w: %w", ErrInvalid, c.Identity.Check())
+	case c.RenewFraction < 0 || c.RenewFraction >= 1:
+		return fmt.Errorf("%w: Config.RenewFraction %v: want 0 < f < 1 (0 = %v)", ErrInvalid, c.RenewFraction, DefaultRenewFraction)
 	}
 	return nil
 }
@@ -127,6 +141,9 @@ type Store struct {
 	m     *metrics
 
 	enrollSem chan struct{} // bounds concurrent /cluster/enroll
+
+	ident   atomic.Pointer[pki.Identity] // current identity (renewal, CA rotation: renew.go)
+	renewMu sync.Mutex                   // one renewal or rotation step at a time
 
 	gate     versionGate   // leader's view of what the servers understand (versions.go)
 	claimMax atomic.Uint32 // test hook: play a binary understanding only up to this type
@@ -167,8 +184,9 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	}
 	s := &Store{cfg: cfg, log: log, leaderCh: make(chan bool, 16), done: make(chan struct{}),
 		enrollSem: make(chan struct{}, maxEnrollInFlight)}
+	s.ident.Store(cfg.Identity)
 	s.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
-		TLSClientConfig: cfg.Identity.ClientTLS(s.peerCheck), TLSHandshakeTimeout: handshakeTimeout}}
+		TLSClientConfig: pki.ClientTLSFrom(s.Identity, s.peerCheck), TLSHandshakeTimeout: handshakeTimeout}}
 	s.baseCtx, s.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -213,8 +231,8 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	s.m = newMetrics()
 	s.fsm.onApplyError = func(code string) { s.m.applyErrors.WithLabelValues(code).Inc() }
 
-	stream, err := newTLSStream(cfg.RaftAddr, cfg.Identity.ServerTLS(tls.RequireAndVerifyClientCert, s.peerCheck),
-		cfg.Identity.ClientTLS(s.peerCheck))
+	stream, err := newTLSStream(cfg.RaftAddr, pki.ServerTLSFrom(s.Identity, tls.RequireAndVerifyClientCert, s.peerCheck),
+		pki.ClientTLSFrom(s.Identity, s.peerCheck))
 	if err != nil {
 		return nil, fmt.Errorf("store: raft transport on %s: %w", cfg.RaftAddr, err)
 	}
@@ -224,7 +242,7 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("store: forward listener on %s: %w", cfg.ForwardAddr, err)
 	}
-	s.fwdLn = tls.NewListener(fwdLn, cfg.Identity.ServerTLS(tls.VerifyClientCertIfGiven, s.peerCheck))
+	s.fwdLn = tls.NewListener(fwdLn, pki.ServerTLSFrom(s.Identity, tls.VerifyClientCertIfGiven, s.peerCheck))
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -266,9 +284,10 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	if err := s.m.register(s, reg); err != nil {
 		return nil, fmt.Errorf("store: metrics: %w", err)
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.watchLeadership()
 	go s.registerVersions()
+	go s.renewLoop()
 	ok = true
 	log.Info("store open", "data_dir", cfg.DataDir, "raft_addr", s.RaftAddr(), "forward_addr", s.ForwardAddr(),
 		"existing_state", has)
