@@ -95,4 +95,9 @@ type Health struct {
 	Ready    bool              `json:"ready"`
 	Stats    map[string]string `json:"stats,omitempty"`
 	Version  string            `json:"version"`
+	// Halted is the store's halt error (store.Store.Halted): this node's
+	// FSM stopped at a log entry of a command type its binary does not
+	// know, and it applies nothing further until upgraded and restarted.
+	// "" while it applies the log.
+	Halted string `json:"halted,omitempty"`
 }

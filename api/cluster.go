@@ -64,6 +64,11 @@ type ClusterMember struct {
 	// command type only once every member understands it.
 	Version    string `json:"version,omitempty"`
 	MaxCommand int    `json:"max_command,omitempty"`
+	// CertNotAfter and CAHash ("sha256:" + hex) are the node's certificate's
+	// expiry and issuing CA as its last renewal recorded them; empty before
+	// its first renewal.
+	CertNotAfter time.Time `json:"cert_not_after,omitzero"`
+	CAHash       string    `json:"ca_hash,omitempty"`
 }
 
 // ClusterMemberList answers GET /v1/cluster/members.
@@ -96,11 +101,12 @@ func (s *Server) clusterRoutes(admin, view echo.MiddlewareFunc) {
 	s.e.GET("/v1/cluster/members", s.listMembers, view)
 	s.e.DELETE("/v1/cluster/members/:id", s.removeMember, admin)
 	s.e.POST("/v1/site/rotate-key", s.rotateSiteKey, admin)
+	s.caRoutes(admin) // cluster_ca.go
 }
 
 // clusterDocOps documents the cluster routes (appended to docOps).
 func clusterDocOps() []docOp {
-	return []docOp{
+	return append([]docOp{
 		{Method: "POST", Path: "/v1/cluster/tokens", Summary: "Create a one-time join token for a new node (shown once; only its hash is stored)",
 			Role: RoleAdmin, Body: JoinTokenRequest{}, Status: 201, Resp: JoinTokenCreated{}},
 		{Method: "GET", Path: "/v1/cluster/members", Summary: "The cluster's members (raft configuration, forward addresses, certificates)",
@@ -109,7 +115,7 @@ func clusterDocOps() []docOp {
 			Role: RoleAdmin, Status: 204},
 		{Method: "POST", Path: "/v1/site/rotate-key", Summary: "Replace the site key: re-seal every BMC credential under a new key, on every member, with no credential unopenable at any moment",
 			Role: RoleAdmin, Status: 200, Resp: SiteKeyRotation{}},
-	}
+	}, caDocOps()...) // cluster_ca.go
 }
 
 func (s *Server) cluster() (ClusterBackend, error) {
@@ -159,7 +165,11 @@ func (s *Server) listMembers(c echo.Context) error {
 	for _, m := range ms {
 		out.Items = append(out.Items, ClusterMember{ID: m.ID, RaftAddr: m.RaftAddr, ForwardAddr: m.ForwardAddr,
 			Suffrage: m.Suffrage, Leader: m.Leader, CertSerial: m.Record.CertSerial, JoinedAt: m.Record.JoinedAt,
-			TokenID: m.Record.TokenID, Version: m.Version.Version, MaxCommand: int(m.Version.MaxCommand)})
+			TokenID: m.Record.TokenID, Version: m.Version.Version, MaxCommand: int(m.Version.MaxCommand),
+			CertNotAfter: m.Record.CertNotAfter})
+		if h := m.Record.CAHash; h != "" {
+			out.Items[len(out.Items)-1].CAHash = "sha256:" + h
+		}
 	}
 	return c.JSON(http.StatusOK, out)
 }

@@ -19,7 +19,7 @@ func (s *Server) healthz(c echo.Context) error {
 func (s *Server) readyz(c echo.Context) error {
 	h := s.b.Health()
 	if !h.Ready {
-		return c.JSON(http.StatusServiceUnavailable, Status{Status: "not_ready", Leader: h.Leader})
+		return c.JSON(http.StatusServiceUnavailable, Status{Status: "not_ready", Leader: h.Leader, Error: h.Halted})
 	}
 	return c.JSON(http.StatusOK, Status{Status: "ok", Leader: h.Leader})
 }
@@ -66,6 +66,11 @@ func (s *Server) siteStatus(c echo.Context) error {
 			iv.Nodes = append([]string{}, held[im.ID]...)
 		}
 		st.Images = append(st.Images, iv)
+	}
+	if e, ok := s.b.(EnvBackend); ok {
+		if st.Environment, err = e.EnvStatus(); err != nil {
+			s.log.Warn("site status: environment comparison unavailable", "err", err)
+		}
 	}
 	st.Raft = s.b.Health()
 	st.Version = st.Raft.Version

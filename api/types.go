@@ -190,10 +190,45 @@ type SiteStatus struct {
 	Version  string                     `json:"version"`
 	Images   []ImageVersion             `json:"images"`
 	Raft     Health                     `json:"raft"`
+	// Environment compares the in-RAM environment of every node; null when
+	// the backend does not report it (EnvBackend).
+	Environment *EnvStatus `json:"environment"`
+}
+
+// EnvStatus is the in-RAM environment across the site's nodes (issue 12:
+// its build is reproducible, so its digests must match on every node; a
+// mismatch is reported, and not served). Site is the set of digests (file
+// name → hex SHA-256) that a strict majority of the reporting nodes serve,
+// absent when there is none; Mismatch is true when some reporting node
+// differs from Site or there is no majority. A node whose environment is
+// not Site's does not serve it (/env/* answers 503).
+type EnvStatus struct {
+	Site     map[string]string `json:"site,omitempty"`
+	Mismatch bool              `json:"mismatch"`
+	Nodes    []EnvNode         `json:"nodes"`
+}
+
+// EnvNode is one node's environment as its version record reports it.
+// Files is empty for a node that reports none (an older binary, or no
+// environment files); Match says Files equal EnvStatus.Site (false when
+// there is no Site, or Files is empty).
+type EnvNode struct {
+	Node  string            `json:"node"`
+	Files map[string]string `json:"files,omitempty"`
+	Match bool              `json:"match"`
+}
+
+// EnvBackend is implemented by a Backend that compares the in-RAM
+// environment across nodes (site status).
+type EnvBackend interface {
+	EnvStatus() (*EnvStatus, error)
 }
 
 // Status is the body of /healthz and /readyz.
 type Status struct {
 	Status string `json:"status"` // ok | not_ready
 	Leader string `json:"leader,omitempty"`
+	// Error says why a node is not ready when it is more than waiting for
+	// a leader: the store's halt error (Health.Halted).
+	Error string `json:"error,omitempty"`
 }

@@ -27,6 +27,7 @@ type apiBackend struct {
 	keys    *siteKeys     // site key rotation (sitekey.go); nil = none
 	bk      *backupSource // GET /v1/backup (backup.go); nil = none
 	images  *imageSync    // image presence in the site status (imagesync.go); nil = none
+	env     *envCheck     // environment comparison in the site status (envcheck.go); nil = none
 	version string
 }
 
@@ -50,11 +51,24 @@ func (b *apiBackend) ImagePresence(ctx context.Context) (map[string][]string, er
 	return b.images.ImagePresence(ctx)
 }
 
+// EnvStatus is api.EnvBackend: the environment comparison (envcheck.go).
+func (b *apiBackend) EnvStatus() (*api.EnvStatus, error) {
+	if b.env == nil {
+		return nil, nil
+	}
+	return b.env.EnvStatus()
+}
+
 // The cluster routes (api.ClusterBackend) are the store's own operations.
 
 // CreateJoinToken is api.ClusterBackend: store.Store.CreateJoinToken.
 func (b *apiBackend) CreateJoinToken(ctx context.Context, ttl time.Duration, w store.W) (string, store.JoinToken, error) {
 	return b.st.CreateJoinToken(ctx, ttl, w)
+}
+
+// RotateCA is api.CABackend: store.Store.RotateCA.
+func (b *apiBackend) RotateCA(ctx context.Context) (store.CARotation, error) {
+	return b.st.RotateCA(ctx)
 }
 
 // Members is api.ClusterBackend: store.Store.Members.
@@ -68,13 +82,17 @@ func (b *apiBackend) RemoveMember(ctx context.Context, id string, w store.W) err
 // Health reports raft leadership and readiness for /readyz and /v1/site/status.
 func (b *apiBackend) Health() api.Health {
 	_, leader := b.st.Leader()
-	return api.Health{
+	h := api.Health{
 		Leader:   leader,
 		IsLeader: b.st.IsLeader(),
 		Ready:    b.st.Ready(),
 		Stats:    b.st.Stats(),
 		Version:  b.version,
 	}
+	if err := b.st.Halted(); err != nil {
+		h.Halted = err.Error()
+	}
+	return h
 }
 
 // bootBackend is httpboot.Backend over the lifecycle controller, which issues

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,7 @@ import (
 	"kiln/dhcp"
 	"kiln/httpboot"
 	"kiln/store"
+	"kiln/store/pki"
 	"kiln/tftp"
 )
 
@@ -73,6 +75,11 @@ type Appliance struct {
 	// is its handler on the forward RPC.
 	images    *imageSync
 	peerFiles http.Handler
+	// env compares the in-RAM environment with the other nodes'
+	// (envcheck.go); envP is it for the store's registration, which may
+	// ask before New has built it.
+	env  *envCheck
+	envP atomic.Pointer[envCheck]
 }
 
 // New builds the appliance: it gets the node's site certificate and the
@@ -107,6 +114,11 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		JoinSecrets: siteK.joinSecrets,
 		OnSecrets:   siteK.update,
 		Version:     version,
+		Env:         func() map[string]string { return a.envP.Load().digests() },
+		// Renewed certificates and CA rotation steps are saved before use.
+		OnIdentity:    func(id *pki.Identity) error { return id.Save(cfg.Raft.TLSDir) },
+		CertLifetime:  cfg.Raft.CertLifetime,
+		RenewFraction: cfg.Raft.CertRenewFraction,
 		// Set in New below, before Run serves the forward RPC.
 		PeerFiles: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { a.peerFiles.ServeHTTP(w, r) }),
 	}, log, reg)
@@ -210,6 +222,11 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.env, err = newEnvCheck(st, a.boot, cfg.NodeID, log, reg); err != nil {
+		return nil, err
+	}
+	a.envP.Store(a.env)
+	apiB.env = a.env
 	if a.bootLn, err = net.Listen("tcp", cfg.Boot.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("boot http %s: %w", cfg.Boot.HTTPAddr, err)
 	}
@@ -308,6 +325,7 @@ func (a *Appliance) Run(ctx context.Context) error {
 		return (&eventTrimmer{st: a.Store, cfg: a.cfg.Store.Events, now: time.Now}).Run(ctx, a.log)
 	})
 	g.Go(func() error { return a.images.Run(ctx) })
+	g.Go(func() error { return a.env.Run(ctx) })
 	g.Go(func() error { return a.api.Run(ctx, a.log) })
 	g.Go(func() error { return a.serveBoot(ctx) })
 	if a.tftp != nil {

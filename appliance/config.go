@@ -120,7 +120,12 @@ type TokenSpec struct {
 // JoinTimeout, default DefaultJoinTimeout) and asks to be added as a voter.
 // Addr and ForwardAddr must be addresses the other members can reach. Raft
 // and the forward RPC run over mutual TLS with the credentials in TLSDir
-// (default DATA_DIR/tls: ca.crt, ca.key, node.crt, node.key).
+// (default DATA_DIR/tls: ca.crt, ca.key, node.crt, node.key, trust.crt).
+// A node renews its certificate once CertRenewFraction of its lifetime has
+// passed (default 2/3, store.DefaultRenewFraction); CertLifetime is the
+// lifetime of the certificates this node issues to others and to itself
+// (default 10 years, pki.NodeValidity; a site that wants short-lived
+// certificates sets e.g. 720h on every node).
 type RaftConfig struct {
 	Addr        string        `yaml:"addr"`
 	ForwardAddr string        `yaml:"forward_addr"`
@@ -129,6 +134,9 @@ type RaftConfig struct {
 	JoinToken   string        `yaml:"join_token"`
 	JoinTimeout time.Duration `yaml:"join_timeout"`
 	TLSDir      string        `yaml:"tls_dir"`
+	// CertLifetime and CertRenewFraction: see above (0 = the defaults).
+	CertLifetime      time.Duration `yaml:"cert_lifetime"`
+	CertRenewFraction float64       `yaml:"cert_renew_fraction"`
 }
 
 // BootConfig is the provisioning network: DHCP, TFTP and HTTP boot. With no
@@ -424,10 +432,17 @@ func (c *Config) validateValues() error {
 		{"api.body_idle_timeout", c.API.BodyIdleTimeout}, {"api.json_body_timeout", c.API.JSONBodyTimeout},
 		{"lifecycle.boot_timeout", c.Lifecycle.BootTimeout}, {"lifecycle.agent_poll_after", c.Lifecycle.AgentPollAfter},
 		{"lifecycle.reboot_timeout", c.Lifecycle.RebootTimeout}, {"raft.join_timeout", c.Raft.JoinTimeout},
+		{"raft.cert_lifetime", c.Raft.CertLifetime},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("config: %s %s: must not be negative", d.key, d.v)
 		}
+	}
+	if f := c.Raft.CertRenewFraction; f < 0 || f >= 1 {
+		return fmt.Errorf("config: raft.cert_renew_fraction %v: want a fraction of the certificate's lifetime, 0 < f < 1 (0 = 2/3)", f)
+	}
+	if l := c.Raft.CertLifetime; l != 0 && l < time.Minute {
+		return fmt.Errorf("config: raft.cert_lifetime %s: want at least 1m (0 = 10 years)", l)
 	}
 	if c.BMC.Retries < 0 || c.BMC.Concurrency < 0 {
 		return errors.New("config: bmc.retries and bmc.concurrency must not be negative")

@@ -43,6 +43,17 @@ import (
 // counted (imageSync.refused), and the next member is asked. A peer's
 // word (its own digest) counts for nothing.
 //
+// Deletes: a delete commits CmdDeleteImageV3, which leaves a tombstone (the
+// deleted record and the leader's time, store.ImageTombstone). Every round,
+// each node removes its catalog file named by a tombstone when no current
+// record names that file, the file is not newer than the delete (a file
+// written after it is a new upload under the name), and the file is the
+// deleted content (checked as for presence): a different file that happens
+// to carry the name is not ours to remove. ("Newer" allows tombstoneSkew,
+// 2 min, for clocks that differ between nodes.) A node that was down at the
+// delete does it when it comes back. Tombstones are kept (one small record
+// per delete).
+//
 // Presence: a node holds an image when its catalog file is the recorded
 // content (checked as above; raw files by the catalog's cached digest). It
 // answers GET /peer/images with the IDs it holds, and ImagePresence asks
@@ -68,7 +79,13 @@ type imageSync struct {
 	refused atomic.Int64
 	pulled  atomic.Int64
 
+	// removed counts catalog files removed for tombstones.
+	removed atomic.Int64
+
 	mu sync.Mutex
+	// gone: tombstones (image ID) whose file is known absent here, so a
+	// round does not look again.
+	gone map[string]bool
 	// held: image ID → the catalog file (size, mtime, file digest) that was
 	// found to be the recorded content; a compressed file is decoded once
 	// per change of the file, not every round.
@@ -78,7 +95,7 @@ type imageSync struct {
 func newImageSync(st *store.Store, cat *httpboot.Catalog, life *lifecycle.Controller, self string,
 	log *slog.Logger) *imageSync {
 	s := &imageSync{st: st, cat: cat, life: life, self: self, interval: imageSyncInterval,
-		log: log.With("component", "imagesync"), held: map[string]httpboot.Entry{}}
+		log: log.With("component", "imagesync"), held: map[string]httpboot.Entry{}, gone: map[string]bool{}}
 	if imageSyncTestInterval != 0 {
 		s.interval = imageSyncTestInterval
 	}
@@ -126,6 +143,75 @@ func (s *imageSync) syncOnce(ctx context.Context) {
 		}
 	}
 	s.mu.Unlock()
+	s.removeDeleted(imgs)
+}
+
+// tombstoneSkew is how much later than a delete (the leader's clock) a
+// file's mtime (this node's clock) may be and still count as older than
+// the delete: node clocks differ.
+const tombstoneSkew = 2 * time.Minute
+
+// removeDeleted removes the catalog file of each tombstone whose file here
+// is the deleted content, unless a current record (imgs) names that file or
+// the file is newer than the delete.
+func (s *imageSync) removeDeleted(imgs []store.Image) {
+	tombs, err := s.st.ImageTombstones()
+	if err != nil {
+		s.log.Warn("listing image tombstones", "err", err)
+		return
+	}
+	for _, ts := range tombs {
+		img := ts.Image
+		s.mu.Lock()
+		done := s.gone[img.ID]
+		s.mu.Unlock()
+		if done || !httpboot.ValidImageName(img.Name) || namedBy(imgs, img.Name) {
+			continue
+		}
+		f, ent, err := s.cat.Open(img.Name)
+		if err != nil {
+			s.markGone(img.ID)
+			continue
+		}
+		same := false
+		if ent.ModTime.After(ts.DeletedAt.Add(tombstoneSkew)) {
+			// Written after the delete: a new upload under this name, whose
+			// record may be about to commit.
+		} else if img.Format == "" || img.Format == "raw" {
+			same = strings.EqualFold(ent.SHA256, img.SHA256) && uint64(ent.Size) == img.Size
+		} else {
+			same = lifecycle.CheckImageContent(img, f) == nil
+		}
+		f.Close()
+		if !same {
+			s.markGone(img.ID) // another file under the name: leave it, do not look again
+			continue
+		}
+		if err := s.cat.Delete(img.Name); err != nil && !errors.Is(err, httpboot.ErrNotFound) {
+			s.log.Warn("removing the file of a deleted image", "image", img.ID, "name", img.Name, "err", err)
+			continue
+		}
+		s.removed.Add(1)
+		s.markGone(img.ID)
+		s.log.Info("image file removed: its record was deleted", "image", img.ID, "name", img.Name,
+			"deleted_at", ts.DeletedAt)
+	}
+}
+
+func (s *imageSync) markGone(id string) {
+	s.mu.Lock()
+	s.gone[id] = true
+	s.mu.Unlock()
+}
+
+// namedBy reports whether a record of imgs names catalog file name.
+func namedBy(imgs []store.Image, name string) bool {
+	for _, im := range imgs {
+		if im.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 func hasImage(imgs []store.Image, id string) bool {

@@ -8,6 +8,9 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -163,5 +166,180 @@ func TestImageReplication(t *testing.T) {
 	}
 	if len(ss.Images) != 2 {
 		t.Fatalf("site status lists %d images, want 2", len(ss.Images))
+	}
+}
+
+// stopNode stops n's Run and waits for it (its test cleanup still finds
+// the result).
+func stopNode(t *testing.T, n *node) {
+	t.Helper()
+	n.cancel()
+	select {
+	case err := <-n.done:
+		n.done <- err
+		if err != nil {
+			t.Fatalf("node %s: Run: %v", n.cfg.NodeID, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("node %s did not stop within 20 s", n.cfg.NodeID)
+	}
+}
+
+// restartNode starts a new appliance on stopped node n's configuration and
+// data directory.
+func restartNode(t *testing.T, n *node) *node {
+	t.Helper()
+	app, err := New(n.cfg, "test", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &node{cfg: n.cfg, app: app, cancel: cancel, done: make(chan error, 1), token: n.token}
+	go func() { r.done <- app.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-r.done:
+			if err != nil {
+				t.Errorf("node %s (restarted): Run: %v", n.cfg.NodeID, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("node %s (restarted) did not stop within 20 s", n.cfg.NodeID)
+		}
+	})
+	return r
+}
+
+// waitNoFile waits until n's catalog has no file name.
+func waitNoFile(t *testing.T, n *node, name string) {
+	t.Helper()
+	p := filepath.Join(n.cfg.Boot.ImageDir, name)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, err := os.Stat(p); os.IsNotExist(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: image file %s still there 15 s after its delete committed", n.cfg.NodeID, name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func apiDelete(t *testing.T, n *node, path string) int {
+	t.Helper()
+	req, _ := http.NewRequest("DELETE", "http://"+n.cfg.API.Addr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+n.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestImageDeleteReplication, on a real three-node cluster on loopback: an
+// image deleted through one node's API (a follower: the delete is
+// forwarded) loses its file on every node once the delete commits; a node
+// that was down at a delete removes the file when it comes back; a file
+// there under a deleted image's name that is not the deleted content is
+// left alone; the site status lists none of the deleted images and no
+// node reports holding them.
+func TestImageDeleteReplication(t *testing.T) {
+	defer func(d time.Duration) { imageSyncTestInterval = d }(imageSyncTestInterval)
+	imageSyncTestInterval = 100 * time.Millisecond
+	a := startNode(t, "del-a", nil)
+	a.waitReady(t)
+	b := startNode(t, "del-b", []string{a.cfg.Raft.ForwardAddr}, joinToken(t, a))
+	b.waitReady(t)
+	c := startNode(t, "del-c", []string{a.cfg.Raft.ForwardAddr}, joinToken(t, a))
+	c.waitReady(t)
+
+	imgs := make([]store.Image, 4)
+	for i := range imgs {
+		imgs[i] = uploadImage(t, a, fmt.Sprintf("del-%d.img", i), randomBytes(t, 256<<10+i))
+	}
+	for _, n := range []*node{a, b, c} {
+		for _, im := range imgs {
+			waitFile(t, n, im.Name, im.SHA256)
+		}
+	}
+
+	// Deleted through follower b's API: gone on all three.
+	if st := apiDelete(t, b, "/v1/images/"+imgs[0].ID); st != http.StatusNoContent && st != http.StatusOK {
+		t.Fatalf("DELETE image on b: HTTP %d", st)
+	}
+	for _, n := range []*node{a, b, c} {
+		waitNoFile(t, n, imgs[0].Name)
+	}
+
+	// Node c down while images 1 and 2 are deleted; c's copy of image 2 is
+	// then replaced by other bytes (someone's file under that name).
+	stopNode(t, c)
+	for _, im := range imgs[1:3] {
+		if st := apiDelete(t, a, "/v1/images/"+im.ID); st != http.StatusNoContent && st != http.StatusOK {
+			t.Fatalf("DELETE image %s on a: HTTP %d", im.ID, st)
+		}
+	}
+	for _, n := range []*node{a, b} {
+		waitNoFile(t, n, imgs[1].Name)
+		waitNoFile(t, n, imgs[2].Name)
+	}
+	other := []byte("not the deleted image\n")
+	otherPath := filepath.Join(c.cfg.Boot.ImageDir, imgs[2].Name)
+	if err := os.WriteFile(otherPath, other, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour) // older than the delete: only its content tells it apart
+	if err := os.Chtimes(otherPath, old, old); err != nil {
+		t.Fatal(err)
+	}
+	c = restartNode(t, c)
+	c.waitReady(t)
+	waitNoFile(t, c, imgs[1].Name)
+	deadline := time.Now().Add(15 * time.Second)
+	for c.app.images.removed.Load() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted node removed no file")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // several sync rounds
+	if got, err := os.ReadFile(otherPath); err != nil || !bytes.Equal(got, other) {
+		t.Fatalf("a file under a deleted name that is not the deleted content was touched: %q, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(c.cfg.Boot.ImageDir, imgs[3].Name)); err != nil {
+		t.Fatalf("the image not deleted lost its file on c: %v", err)
+	}
+
+	pres, err := a.app.images.ImagePresence(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range imgs[:3] {
+		if len(pres[im.ID]) != 0 {
+			t.Fatalf("deleted image %s still reported on %v", im.ID, pres[im.ID])
+		}
+	}
+	if got := pres[imgs[3].ID]; len(got) != 3 {
+		t.Fatalf("the kept image is held on %v, want all three", got)
+	}
+	req, _ := http.NewRequest("GET", "http://"+c.cfg.API.Addr+"/v1/site/status", nil)
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ss api.SiteStatus
+	if err := json.NewDecoder(resp.Body).Decode(&ss); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("site status: HTTP %d, %v", resp.StatusCode, err)
+	}
+	if len(ss.Images) != 1 || ss.Images[0].ID != imgs[3].ID {
+		t.Fatalf("site status lists %+v, want only %s", ss.Images, imgs[3].ID)
+	}
+	tombs, err := c.app.Store.ImageTombstones()
+	if err != nil || len(tombs) != 3 {
+		t.Fatalf("%d tombstones on c, want 3: %v", len(tombs), err)
 	}
 }

@@ -38,7 +38,7 @@
 //
 //	kiln_httpboot_transfers_total{class,result}  responses finished; class ipxe|env|image|script, result ok|error
 //	kiln_httpboot_sent_bytes_total{class}        body bytes written
-//	kiln_httpboot_errors_total{class,reason}     not_found|bad_request|backend|unsafe_value|upload|aborted
+//	kiln_httpboot_errors_total{class,reason}     not_found|bad_request|backend|unsafe_value|upload|aborted|held (env not served: HoldEnv)
 //	kiln_httpboot_active_transfers               responses in progress (gauge)
 //	kiln_httpboot_digest_seconds                 time spent computing SHA-256 ETags (histogram)
 package httpboot

@@ -50,6 +50,7 @@ type Server struct {
 	m       metrics
 	log     atomic.Pointer[slog.Logger]
 	addr    atomic.Pointer[net.Addr]
+	envHold atomic.Pointer[string] // HoldEnv's reason; nil or "" = serve
 }
 
 type embedded struct {
@@ -87,7 +88,7 @@ func New(cfg Config, backend Backend, reg prometheus.Registerer) (*Server, error
 			Name: "kiln_httpboot_sent_bytes_total", Help: "HTTP boot body bytes written, by file class.",
 		}, []string{"class"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kiln_httpboot_errors_total", Help: "HTTP boot errors by file class and reason (not_found|bad_request|backend|unsafe_value|upload|aborted).",
+			Name: "kiln_httpboot_errors_total", Help: "HTTP boot errors by file class and reason (not_found|bad_request|backend|unsafe_value|upload|aborted|held).",
 		}, []string{"class", "reason"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kiln_httpboot_active_transfers", Help: "HTTP boot responses in progress.",
@@ -340,6 +341,13 @@ func (s *Server) handleEnv(w http.ResponseWriter, r *http.Request) {
 		s.notFound(w, ClassEnv)
 		return
 	}
+	if why := s.envHold.Load(); why != nil && *why != "" {
+		s.logger().Error("httpboot: environment NOT served: "+*why, "file", name, "remote", r.RemoteAddr)
+		s.m.errors.WithLabelValues(ClassEnv, "held").Inc()
+		s.m.transfers.WithLabelValues(ClassEnv, "error").Inc()
+		http.Error(w, "this node does not serve its in-RAM environment: "+*why, http.StatusServiceUnavailable)
+		return
+	}
 	p := filepath.Join(s.cfg.EnvDir, name)
 	f, err := os.Open(p)
 	if err != nil {
@@ -361,6 +369,41 @@ func (s *Server) handleEnv(w http.ResponseWriter, r *http.Request) {
 	}
 	s.serveContent(w, r, ClassEnv, name, sum, st.ModTime(), f)
 }
+
+// EnvFiles are the environment files EnvDigests reports, in order.
+var EnvFiles = []string{EnvKernel, EnvInitramfs}
+
+// EnvDigests returns the lower-case hex SHA-256 of each environment file
+// present in Config.EnvDir (EnvFiles), as /env/NAME serves it: from the
+// digest cache, so a file is hashed once per (size, mtime). A missing file
+// is left out; an empty map when EnvDir is "" or holds neither. Errors: an
+// I/O error while hashing.
+func (s *Server) EnvDigests() (map[string]string, error) {
+	out := map[string]string{}
+	if s.cfg.EnvDir == "" {
+		return out, nil
+	}
+	for _, name := range EnvFiles {
+		p := filepath.Join(s.cfg.EnvDir, name)
+		st, err := os.Stat(p)
+		if err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		sum, err := s.digests.get(p, st.Size(), st.ModTime())
+		if err != nil {
+			return out, fmt.Errorf("httpboot: environment %s: %w", p, err)
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// HoldEnv stops serving /env/* (503, the reason in the body, an ERROR log
+// line and kiln_httpboot_errors_total{class="env",reason="held"} per
+// refused request) while reason is not ""; HoldEnv("") serves again. The
+// appliance holds a node's environment when its digests differ from the
+// site's.
+func (s *Server) HoldEnv(reason string) { s.envHold.Store(&reason) }
 
 func (s *Server) handleImage(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")

@@ -36,9 +36,11 @@ var (
 	bNodeVersions = []byte("node_versions") // node ID → NodeVersion
 	// Remediation (issue 14): "brake" → RepairBrake.
 	bRemediation = []byte("remediation")
+	// Image tombstones (CmdDeleteImageV3): image ID → ImageTombstone.
+	bImageTombstones = []byte("image_tombstones")
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -176,6 +178,8 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		err = deleteSimple(a, bImages, "image", c.ID)
 	case CmdDeleteImageV2:
 		err = deleteImage(a, c.ID)
+	case CmdDeleteImageV3:
+		err = deleteImageTombstone(a, c.ID)
 	case CmdImportMachines:
 		if out, recs, err = importMachines(a, c.Machines); err != nil {
 			return nil, nil, 0, err
@@ -236,6 +240,8 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		}
 		c.Brake.ID = BrakeID
 		one(c.Brake)(putBrake(a, c.Brake))
+	case CmdRenewMember:
+		err = applyRenewMember(a, c.Member)
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}
@@ -597,6 +603,30 @@ func deleteImage(a *applyCtx, id string) error {
 			ErrImageInUse, id, describeMachine(a, hs[0]), more)
 	}
 	return deleteSimple(a, bImages, "image", id)
+}
+
+// deleteImageTombstone is CmdDeleteImageV3: deleteImage, and the deleted
+// record is kept as a tombstone (with the leader's time) so every node can
+// tell the file it holds under that name is the deleted content and remove
+// it (appliance/imagesync.go), also a node that was down at the time.
+func deleteImageTombstone(a *applyCtx, id string) error {
+	raw := a.tx.Bucket(bImages).Get([]byte(id))
+	if raw == nil {
+		return fmt.Errorf("%w: image %s", ErrNotFound, id)
+	}
+	var ts ImageTombstone
+	if err := json.Unmarshal(raw, &ts.Image); err != nil {
+		return fmt.Errorf("%w: image record %s: %v", ErrCorrupt, id, err)
+	}
+	if err := deleteImage(a, id); err != nil {
+		return err
+	}
+	ts.DeletedAt = a.now
+	out, err := json.Marshal(ts)
+	if err != nil {
+		return err
+	}
+	return a.tx.Bucket(bImageTombstones).Put([]byte(id), out)
 }
 
 // describeMachine is "ID (name, state)" of stored machine id, for errors.

@@ -310,10 +310,13 @@ func TestApplyDeterministic(t *testing.T) {
 	}
 }
 
-// TestUnknownCommandRefused: a log entry with a type byte this binary does
-// not know gets an error result, an error-level log line, an apply-error
-// count, and changes nothing — it is not skipped silently.
-func TestUnknownCommandRefused(t *testing.T) {
+// TestUnknownCommandHalts: a log entry with a type byte this binary does
+// not know halts the FSM there: the entries before it in the batch are
+// applied, it and every later entry (this batch and the next) are not; an
+// error-level log line names it, the apply-error count has it, the applied
+// index stays before it, and snapshots and restores are refused — it is
+// neither skipped nor applied partly.
+func TestUnknownCommandHalts(t *testing.T) {
 	var buf syncBuf
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f, err := openFSM(filepath.Join(t.TempDir(), "fsm.db"), log)
@@ -323,36 +326,78 @@ func TestUnknownCommandRefused(t *testing.T) {
 	defer f.close()
 	var codes []string
 	f.onApplyError = func(c string) { codes = append(codes, c) }
+	var hooked *HaltError
+	f.onHalt = func(h *HaltError) { hooked = h }
 	ok, _ := encodeCommand(&command{Type: CmdPutSite, Time: t0, Site: &Site{Meta: Meta{ID: "s"}}})
 	ok2, _ := encodeCommand(&command{Type: CmdPutSite, Time: t0, Site: &Site{Meta: Meta{ID: "s2"}}})
+	ok3, _ := encodeCommand(&command{Type: CmdPutSite, Time: t0, Site: &Site{Meta: Meta{ID: "s3"}}})
 	unknown := append([]byte{200}, []byte(`{"time":"2026-11-29T12:00:00Z"}`)...)
 	res := f.ApplyBatch([]*raft.Log{
 		{Index: 1, Type: raft.LogCommand, Data: ok},
-		{Index: 2, Type: raft.LogCommand, Data: unknown},
+		{Index: 2, Term: 3, Type: raft.LogCommand, Data: unknown},
 		{Index: 3, Type: raft.LogCommand, Data: ok2},
 	})
-	r2 := res[1].(*applyResult)
-	if !errors.Is(r2.Err, ErrUnknownCommand) {
-		t.Fatalf("unknown command result: %v", r2.Err)
+	if r1 := res[0].(*applyResult); r1.Err != nil {
+		t.Fatalf("entry before the unknown one: %v", r1.Err)
 	}
-	if r1, r3 := res[0].(*applyResult), res[2].(*applyResult); r1.Err != nil || r3.Err != nil {
-		t.Fatalf("neighbours of the refused entry failed: %v %v", r1.Err, r3.Err)
+	for i := 1; i < 3; i++ {
+		r := res[i].(*applyResult)
+		var h *HaltError
+		if !errors.Is(r.Err, ErrFSMHalted) || !errors.Is(r.Err, ErrUnknownCommand) || !errors.As(r.Err, &h) {
+			t.Fatalf("entry %d result: %v", i+1, r.Err)
+		}
+		if h.Index != 2 || h.Term != 3 || h.Type != 200 {
+			t.Fatalf("halt error names %+v", h)
+		}
+	}
+	if hooked == nil || hooked.Index != 2 {
+		t.Fatalf("onHalt: %+v", hooked)
 	}
 	if len(codes) != 1 || codes[0] != "unknown_command" {
 		t.Fatalf("apply error codes %v", codes)
 	}
 	logged := buf.String()
-	if !strings.Contains(logged, `"level":"ERROR"`) || !strings.Contains(logged, "NOT applied") || !strings.Contains(logged, `"type":200`) {
+	if !strings.Contains(logged, `"level":"ERROR"`) || !strings.Contains(logged, "FSM halted") || !strings.Contains(logged, `"type":200`) {
 		t.Fatalf("no error-level log line for the unknown entry: %s", logged)
 	}
-	if f.applied.Load() != 3 {
-		t.Fatalf("applied %d", f.applied.Load())
+	if f.applied.Load() != 1 {
+		t.Fatalf("applied %d, want 1 (before the unknown entry)", f.applied.Load())
 	}
-	// Sites s and s2 exist; nothing else was written by entry 2.
+	// A later batch applies nothing either.
+	res = f.ApplyBatch([]*raft.Log{{Index: 4, Type: raft.LogCommand, Data: ok3}})
+	if r := res[0].(*applyResult); !errors.Is(r.Err, ErrFSMHalted) {
+		t.Fatalf("entry after the halt: %v", r.Err)
+	}
+	if f.applied.Load() != 1 {
+		t.Fatalf("applied %d after the halt", f.applied.Load())
+	}
 	n := 0
-	_ = f.view(func(tx *bbolt.Tx) error { n = tx.Bucket(bSites).Stats().KeyN; return nil })
-	if n != 2 {
-		t.Fatalf("%d sites", n)
+	var marker uint64
+	_ = f.view(func(tx *bbolt.Tx) error {
+		n = tx.Bucket(bSites).Stats().KeyN
+		marker = beUint64(tx.Bucket(bMeta).Get(keyApplied))
+		return nil
+	})
+	if n != 1 || marker != 1 {
+		t.Fatalf("%d sites, stored applied marker %d: want only site s, marker 1", n, marker)
+	}
+	if _, err := f.Snapshot(); !errors.Is(err, ErrFSMHalted) {
+		t.Fatalf("snapshot of a halted FSM: %v", err)
+	}
+	if err := f.Restore(io.NopCloser(strings.NewReader(""))); !errors.Is(err, ErrFSMHalted) {
+		t.Fatalf("restore into a halted FSM: %v", err)
+	}
+
+	// The unknown entry first in its batch: nothing of the batch applies.
+	g, err := openFSM(filepath.Join(t.TempDir(), "fsm.db"), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.close()
+	g.ApplyBatch([]*raft.Log{{Index: 1, Type: raft.LogCommand, Data: ok}})
+	res = g.ApplyBatch([]*raft.Log{{Index: 2, Type: raft.LogCommand, Data: unknown}, {Index: 3, Type: raft.LogCommand, Data: ok2}})
+	if r := res[1].(*applyResult); !errors.Is(r.Err, ErrFSMHalted) || g.applied.Load() != 1 {
+		t.Fatalf("unknown first in batch: %v, applied %d", r.Err, g.applied.Load())
 	}
 	// decodeCommand refuses type 0 and values past the end too.
 	for _, b := range []byte{0, byte(cmdEnd), 255} {
@@ -542,7 +587,7 @@ func TestApplyBatchEqualsOneByOne(t *testing.T) {
 		case 5:
 			data = append(data, mk(&command{Type: CmdDeleteMachine, Time: at(i), ID: id}))
 		case 6:
-			data = append(data, append([]byte{200}, '{', '}')) // unknown type
+			data = append(data, []byte{byte(CmdPutSite), '{'}) // malformed (refused; an unknown type would halt: TestUnknownCommandHalts)
 		case 7:
 			data = append(data, mk(&command{Type: CmdPutImage, Time: at(i), Image: &Image{Meta: Meta{ID: img}, Name: img}}))
 		case 8: // refused while claimed or absent

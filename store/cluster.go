@@ -57,13 +57,25 @@ func (t JoinToken) ID() string { return pki.TokenID(t.Hash) }
 // record says Removed, or whose certificate has another serial than its
 // record, is refused on the raft and forward ports. The bootstrap node has
 // no record until it is removed.
+//
+// A renewal (CmdRenewMember) records the new certificate: CertSerial
+// becomes it, PrevSerial the one before (still accepted until it expires),
+// CertNotAfter its expiry and CAHash its issuing CA's SPKI hash. TokenID is
+// also the enrollment every renewed certificate names (pki.EnrollmentOf),
+// so a peer whose replica has not applied the renewal yet accepts it; a
+// node that had no record (the bootstrap node) is given one, with a fresh
+// enrollment ID, at its first renewal.
 type Member struct {
-	ID         string    `json:"id"`
-	CertSerial string    `json:"cert_serial,omitempty"` // hex
-	TokenID    string    `json:"token_id,omitempty"`
-	JoinedAt   time.Time `json:"joined_at,omitzero"`
-	Removed    bool      `json:"removed,omitempty"`
-	RemovedAt  time.Time `json:"removed_at,omitzero"`
+	ID           string    `json:"id"`
+	CertSerial   string    `json:"cert_serial,omitempty"` // hex
+	TokenID      string    `json:"token_id,omitempty"`
+	JoinedAt     time.Time `json:"joined_at,omitzero"`
+	Removed      bool      `json:"removed,omitempty"`
+	RemovedAt    time.Time `json:"removed_at,omitzero"`
+	PrevSerial   string    `json:"prev_serial,omitempty"`
+	CertNotAfter time.Time `json:"cert_not_after,omitzero"`
+	CAHash       string    `json:"ca_hash,omitempty"`
+	RenewedAt    time.Time `json:"renewed_at,omitzero"`
 }
 
 // ClusterMember is one server of the raft configuration as Members
@@ -204,10 +216,14 @@ func (s *Store) peerCheck(leaf *x509.Certificate) error {
 	if m.Removed {
 		return fmt.Errorf("certificate of node %s refused: the node was removed from the cluster at %s", id, m.RemovedAt.Format(time.RFC3339))
 	}
-	if m.CertSerial != "" && m.CertSerial != pki.Serial(leaf) {
-		return fmt.Errorf("certificate %s of node %s refused: superseded by certificate %s", pki.Serial(leaf), id, m.CertSerial)
+	sn := pki.Serial(leaf)
+	switch {
+	case m.CertSerial == "" || sn == m.CertSerial || (m.PrevSerial != "" && sn == m.PrevSerial):
+		return nil
+	case m.TokenID != "" && pki.EnrollmentOf(leaf) == m.TokenID:
+		return nil // a renewal of the same enrollment this replica has not applied yet
 	}
-	return nil
+	return fmt.Errorf("certificate %s of node %s refused: superseded by certificate %s", sn, id, m.CertSerial)
 }
 
 func (s *Store) member(id string) (Member, error) {
@@ -229,7 +245,7 @@ func (s *Store) member(id string) (Member, error) {
 // ("kiln1.SECRET.CAHASH", see package pki); only its SHA-256 is written to
 // the log. The record returned has the leader's Created and Expires.
 func (s *Store) CreateJoinToken(ctx context.Context, ttl time.Duration, w W) (string, JoinToken, error) {
-	if s.raft == nil || s.cfg.Identity == nil {
+	if s.raft == nil || s.Identity() == nil {
 		return "", JoinToken{}, fmt.Errorf("%w: CreateJoinToken", ErrNoRaft)
 	}
 	if ttl == 0 {
@@ -238,7 +254,7 @@ func (s *Store) CreateJoinToken(ctx context.Context, ttl time.Duration, w W) (st
 	if ttl < MinJoinTokenTTL || ttl > MaxJoinTokenTTL {
 		return "", JoinToken{}, fmt.Errorf("%w: join token ttl %s: want %s to %s", ErrInvalid, ttl, MinJoinTokenTTL, MaxJoinTokenTTL)
 	}
-	tok := pki.NewToken(s.cfg.Identity.CAHash())
+	tok := pki.NewToken(s.Identity().CAHash())
 	rec := &JoinToken{Hash: tok.Hash(), TTL: ttl, CreatedBy: w.Actor}
 	if _, _, err := s.write(ctx, &command{Type: CmdPutJoinToken, W: w, JoinToken: rec}); err != nil {
 		return "", JoinToken{}, err
@@ -347,6 +363,7 @@ type enrollReply struct {
 	Cert    []byte            `json:"cert,omitempty"`
 	CA      []byte            `json:"ca,omitempty"`
 	CAKey   []byte            `json:"ca_key,omitempty"`
+	Trust   [][]byte          `json:"trust,omitempty"` // further CAs trusted (mid CA rotation)
 	Secrets map[string][]byte `json:"secrets,omitempty"`
 	Error   *wireError        `json:"error,omitempty"`
 }
@@ -398,7 +415,9 @@ func (s *Store) serveEnroll(w http.ResponseWriter, r *http.Request) {
 		refuse(http.StatusForbidden, err)
 		return
 	}
-	cert, err := s.cfg.Identity.Sign(req.CSR, req.NodeID, time.Now())
+	ident := s.Identity()
+	cert, err := ident.SignWith(req.CSR, req.NodeID, pki.SignOptions{Now: time.Now(), Validity: s.cfg.CertLifetime,
+		Enrollment: pki.TokenID(hash)})
 	if err != nil {
 		refuse(http.StatusBadRequest, fmt.Errorf("%w: %v", ErrInvalid, err))
 		return
@@ -413,8 +432,11 @@ func (s *Store) serveEnroll(w http.ResponseWriter, r *http.Request) {
 		refuse(status, err)
 		return
 	}
-	rep := enrollReply{Cert: cert.Raw, CA: s.cfg.Identity.CA.Raw}
-	if rep.CAKey, err = pki.MarshalKey(s.cfg.Identity.CAKey); err != nil {
+	rep := enrollReply{Cert: cert.Raw, CA: ident.CA.Raw}
+	for _, c := range ident.Trust {
+		rep.Trust = append(rep.Trust, c.Raw)
+	}
+	if rep.CAKey, err = pki.MarshalKey(ident.CAKey); err != nil {
 		refuse(http.StatusInternalServerError, err)
 		return
 	}
@@ -530,6 +552,13 @@ func enrollOnce(ctx context.Context, hc *http.Client, peer string, body []byte, 
 		return nil, nil, fmt.Errorf("peer %s: %w", peer, err)
 	}
 	id.Key = key
+	for _, raw := range rep.Trust {
+		c, err := x509.ParseCertificate(raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("peer %s: trusted CA certificate: %w", peer, err)
+		}
+		id.Trust = append(id.Trust, c)
+	}
 	if err := id.Check(); err != nil {
 		return nil, nil, fmt.Errorf("peer %s: issued credentials: %w", peer, err)
 	}

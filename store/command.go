@@ -41,8 +41,8 @@ const (
 	CmdTrimEvents                        // 24: Before: delete every event with Index < Before; Before becomes the events floor (never lowered)
 	CmdPutMachinesV3                     // 25: Machines; as 14, under the issue-14 transition table (remediating, rma) and keeping the issue-14 fields
 	CmdPutRemediation                    // 26: Brake: the remediation brake record (compare-and-set)
-	cmdReserved27                        // 27: reserved (renew_member, another branch)
-	cmdReserved28                        // 28: reserved (delete_image_v3, another branch)
+	CmdRenewMember                       // 27: Member (ID, CertSerial, CertNotAfter, CAHash): a node's renewed certificate (cluster.go)
+	CmdDeleteImageV3                     // 28: ID; as 15, and leaves an image tombstone (name, SHA-256) so every node removes the file
 	CmdBindLeasesV2                      // 29: Leases; as 18, and a release ends only the binding whose Expiry it names, and a binding never shortens the same client's binding
 	cmdEnd                               // sentinel: first unknown value
 )
@@ -57,7 +57,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
-	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "reserved_27", "reserved_28", "bind_leases_v2"}
+	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -85,6 +85,9 @@ type nodeInfo struct {
 	ForwardAddr string      `json:"forward_addr"`
 	Version     string      `json:"version,omitempty"`
 	MaxCommand  CommandType `json:"max_command,omitempty"`
+	// Env (later still, ignored the same way by older binaries): the node's
+	// in-RAM environment digests, kept in its version record.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // command is the body of one log entry. Which payload field is used depends
@@ -139,7 +142,7 @@ func decodeCommand(b []byte) (*command, error) {
 		return nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
 	}
 	t := CommandType(b[0])
-	if t == CmdInvalid || t >= cmdEnd || t == cmdReserved27 || t == cmdReserved28 {
+	if t == CmdInvalid || t >= cmdEnd {
 		return nil, fmt.Errorf("%w: type byte %d", ErrUnknownCommand, b[0])
 	}
 	c := &command{}

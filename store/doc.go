@@ -40,7 +40,7 @@
 // (*AddressTakenError), *IllegalTransitionError,
 // ErrNotLeader (*NotLeaderError), ErrTimeout, ErrCorrupt (names the file),
 // ErrInconsistentDataDir (names the files and how to recover),
-// ErrUnknownCommand, ErrBadCommand, ErrClosed, ErrNoRaft.
+// ErrUnknownCommand, ErrFSMHalted, ErrBadCommand, ErrClosed, ErrNoRaft.
 //
 // Metrics (kiln_store_*): raft_state, last_index, commit_index,
 // applied_index, last_event_index, commit_seconds, commands_total{type},

@@ -35,8 +35,15 @@ var (
 	// forwarded. The concrete error is *NotLeaderError, naming the leader.
 	ErrNotLeader = errors.New("store: not the leader")
 	// ErrUnknownCommand: a log entry carries a command type this binary does
-	// not know (written by a newer version). It is refused, never skipped.
+	// not know (written by a newer version). The FSM stops applying at it
+	// (ErrFSMHalted), never skips it.
 	ErrUnknownCommand = errors.New("store: unknown command type")
+	// ErrFSMHalted: this node's FSM stopped applying the log at an entry
+	// whose command type its binary does not know (*HaltError names the
+	// entry); every later write or wait on this node fails with it. Upgrade
+	// the node's binary and restart it: fsm.db is rebuilt from snapshot +
+	// log and the entry applied.
+	ErrFSMHalted = errors.New("store: FSM halted at a log entry this binary cannot apply")
 	// ErrUnsupportedByCluster: a write needs a command type that some node
 	// of the cluster does not understand yet (an older binary); the
 	// concrete error is *UnsupportedByClusterError, naming the nodes.

@@ -35,8 +35,9 @@ type membership struct {
 	ForwardAddr string `json:"forward_addr,omitempty"`
 	// The joiner's version record (versions.go), when it joins itself
 	// (JoinVia): registered before it becomes a voter.
-	Version    string      `json:"version,omitempty"`
-	MaxCommand CommandType `json:"max_command,omitempty"`
+	Version    string            `json:"version,omitempty"`
+	MaxCommand CommandType       `json:"max_command,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
 }
 
 type wireError struct {
@@ -59,7 +60,7 @@ var codeErrs = []struct {
 	err  error
 }{
 	{"conflict", ErrConflict}, {"not_found", ErrNotFound}, {"invalid", ErrInvalid},
-	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"unknown_command", ErrUnknownCommand},
+	{"duplicate_mac", ErrDuplicateMAC}, {"image_in_use", ErrImageInUse}, {"fsm_halted", ErrFSMHalted}, {"unknown_command", ErrUnknownCommand},
 	{"bad_command", ErrBadCommand}, {"not_leader", ErrNotLeader}, {"timeout", ErrTimeout},
 	{"corrupt", ErrCorrupt}, {"closed", ErrClosed}, {"unauthenticated", ErrUnauthenticated},
 	{"join_token", ErrJoinToken}, {"unsupported_by_cluster", ErrUnsupportedByCluster},
@@ -173,7 +174,7 @@ func (s *Store) forwardHandler() http.Handler {
 			}
 			var err error
 			if join {
-				err = s.joinLocal(r.Context(), m.RaftAddr, &nodeInfo{ID: m.ID, ForwardAddr: m.ForwardAddr, Version: m.Version, MaxCommand: m.MaxCommand})
+				err = s.joinLocal(r.Context(), m.RaftAddr, &nodeInfo{ID: m.ID, ForwardAddr: m.ForwardAddr, Version: m.Version, MaxCommand: m.MaxCommand, Env: m.Env})
 			} else {
 				err = s.removeLocal(r.Context(), m.ID)
 			}
@@ -196,6 +197,8 @@ func (s *Store) forwardHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /cluster/enroll", s.serveEnroll)
 	mux.HandleFunc("POST /raft/secrets", s.serveSecrets)
+	mux.HandleFunc("POST /raft/renew", s.serveRenew)
+	mux.HandleFunc("POST /raft/ca", s.serveCAStep)
 	if s.cfg.PeerFiles != nil {
 		mux.Handle("GET /peer/", s.cfg.PeerFiles)
 	}
@@ -345,7 +348,7 @@ func (s *Store) JoinVia(ctx context.Context, peers []string) error {
 	}
 	self := s.selfInfo()
 	body, _ := json.Marshal(membership{ID: s.cfg.NodeID, RaftAddr: s.RaftAddr(), ForwardAddr: s.ForwardAddr(),
-		Version: self.Version, MaxCommand: self.MaxCommand})
+		Version: self.Version, MaxCommand: self.MaxCommand, Env: self.Env})
 	backoff := 100 * time.Millisecond
 	var last error
 	for {

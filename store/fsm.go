@@ -44,6 +44,14 @@ type fsm struct {
 
 	onApplyError func(code string)
 
+	// halt is set at the first entry whose command type this binary does
+	// not know: from then on nothing is applied (see ApplyBatch).
+	halt   atomic.Pointer[HaltError]
+	onHalt func(*HaltError)
+	// knownMax, when non-zero, makes types above it unknown (test hook:
+	// play an older binary, Store.PlayMaxKnown).
+	knownMax atomic.Uint32
+
 	leases leaseFeed // watchers of the address view (leases.go)
 
 	pmu sync.Mutex
@@ -341,6 +349,9 @@ func (f *fsm) applyTx(logs []*raft.Log, dec []decoded, from, to int, marker uint
 			continue
 		}
 		c, err := dec[i].command(l)
+		if err == nil && f.unknownType(c.Type) {
+			err = fmt.Errorf("%w: type byte %d", ErrUnknownCommand, uint8(c.Type))
+		}
 		if err == nil {
 			o := &out[i-from]
 			o.vals, o.recs, o.events, err = apply(tx, ix, l.Index, c)
@@ -371,7 +382,12 @@ func (f *fsm) applyTx(logs []*raft.Log, dec []decoded, from, to int, marker uint
 // ApplyBatch implements raft.BatchingFSM: all command entries of the batch
 // are applied in one bbolt transaction, each with its own result.
 //
-// A refused entry (logical refusal, unknown type, malformed) must not
+// An entry of a command type this binary does not know halts the FSM:
+// the entries before it are committed, it and every later entry (of this
+// and every later batch) get the *HaltError and are not applied, and the
+// applied marker stays before it (DESIGN.md "Mixed versions").
+//
+// A refused entry (logical refusal, malformed) must not
 // affect its neighbours: when entry i is refused, the transaction is rolled
 // back, the entries before i are re-applied (from fresh decodes) and
 // committed in a transaction of their own, i gets its error — which is
@@ -396,6 +412,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	if f.db == nil {
 		for i := range res {
 			res[i] = &applyResult{Err: ErrClosed}
+		}
+		return res
+	}
+	if h := f.halt.Load(); h != nil {
+		for i := range res {
+			res[i] = &applyResult{Err: h}
 		}
 		return res
 	}
@@ -430,19 +452,43 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			break
 		}
 		if bad < 0 {
-			f.applyEach(logs, dec, pos, len(logs), refuse, keep)
+			if h := f.applyEach(logs, dec, pos, len(logs), refuse, keep); h >= 0 {
+				return f.halted(logs, h, res)
+			}
 			break
 		}
-		// Entry bad was refused on the state left by [pos, bad): commit
-		// that prefix alone, then go on after bad.
-		refuse(bad, err)
-		out, _, err = f.applyTx(logs, dec, pos, bad, logs[bad].Index)
+		unknown := errors.Is(err, ErrUnknownCommand)
+		marker := logs[bad].Index
+		if unknown {
+			// Stop here: the prefix is applied, the entry and everything
+			// after it are not (the applied marker stays before it).
+			marker--
+		} else {
+			// Entry bad was refused on the state left by [pos, bad): commit
+			// that prefix alone, then go on after bad.
+			refuse(bad, err)
+		}
+		if unknown && bad == pos {
+			f.haltAt(logs[bad], err)
+			f.applied.Store(marker)
+			f.notify(events > 0)
+			return f.halted(logs, bad, res)
+		}
+		out, _, err = f.applyTx(logs, dec, pos, bad, marker)
 		if err != nil {
 			// The prefix applied cleanly a moment ago; a failure now is
 			// not about one entry. Attribute entry by entry.
-			f.applyEach(logs, dec, pos, bad, refuse, keep)
+			if h := f.applyEach(logs, dec, pos, bad, refuse, keep); h >= 0 {
+				return f.halted(logs, h, res)
+			}
 		} else {
 			keep(pos, out)
+		}
+		if unknown {
+			f.haltAt(logs[bad], fmt.Errorf("%w: type byte %d", ErrUnknownCommand, logs[bad].Data[0]))
+			f.applied.Store(marker)
+			f.notify(events > 0)
+			return f.halted(logs, bad, res)
 		}
 		pos = bad + 1
 	}
@@ -456,14 +502,21 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 
 // applyEach applies entries [from, to) one transaction each (the slow,
 // fault-attributing path of ApplyBatch), then writes the applied marker of
-// entry to-1.
+// entry to-1. An entry of an unknown command type halts the FSM there: it
+// returns that entry's position (the marker then stays before it), else -1.
 func (f *fsm) applyEach(logs []*raft.Log, dec []decoded, from, to int,
-	refuse func(int, error), keep func(int, []entryOut)) {
+	refuse func(int, error), keep func(int, []entryOut)) int {
 	for i := from; i < to; i++ {
 		if logs[i].Type != raft.LogCommand {
 			continue
 		}
 		out, _, err := f.applyTx(logs, dec, i, i+1, logs[i].Index)
+		if errors.Is(err, ErrUnknownCommand) {
+			f.haltAt(logs[i], err)
+			f.applied.Store(logs[i].Index - 1)
+			f.notify(true)
+			return i
+		}
 		if err != nil {
 			refuse(i, err)
 			continue
@@ -475,6 +528,64 @@ func (f *fsm) applyEach(logs []*raft.Log, dec []decoded, from, to int,
 			f.log.Error("write applied marker", "path", f.path, "err", err)
 		}
 	}
+	return -1
+}
+
+// HaltError (wrapping ErrFSMHalted and ErrUnknownCommand) says where this
+// node's FSM stopped: the log entry (Index, Term) whose command type (Type,
+// its first byte) this binary does not know.
+type HaltError struct {
+	Index, Term uint64
+	Type        int
+	At          time.Time // when this process met it (local clock; not part of any state)
+}
+
+func (e *HaltError) Error() string {
+	return fmt.Sprintf("store: FSM halted at raft log entry %d (term %d): command type %d is unknown to this binary "+
+		"(written by a newer kiln); this node applies nothing further until it runs a kiln that knows the type: "+
+		"upgrade it and restart (fsm.db is rebuilt from snapshot + log)", e.Index, e.Term, e.Type)
+}
+
+// Unwrap makes errors.Is(err, ErrFSMHalted) and errors.Is(err,
+// ErrUnknownCommand) true.
+func (e *HaltError) Unwrap() []error { return []error{ErrFSMHalted, ErrUnknownCommand} }
+
+// unknownType reports whether t is a type this binary (or the binary the
+// knownMax test hook plays) cannot apply.
+func (f *fsm) unknownType(t CommandType) bool {
+	if m := f.knownMax.Load(); m != 0 && uint32(t) > m {
+		return true
+	}
+	return t == CmdInvalid || t >= cmdEnd
+}
+
+// haltAt stops the FSM at entry l (its first unknown entry), logs it at
+// ERROR and counts it; later calls keep the first halt.
+func (f *fsm) haltAt(l *raft.Log, cause error) {
+	typ := -1
+	if len(l.Data) > 0 {
+		typ = int(l.Data[0])
+	}
+	h := &HaltError{Index: l.Index, Term: l.Term, Type: typ, At: time.Now()}
+	if !f.halt.CompareAndSwap(nil, h) {
+		return
+	}
+	if f.onApplyError != nil {
+		f.onApplyError(errCode(ErrUnknownCommand))
+	}
+	f.log.Error("raft log entry NOT applied: FSM halted", "index", l.Index, "term", l.Term, "type", typ, "err", cause)
+	if f.onHalt != nil {
+		f.onHalt(h)
+	}
+}
+
+// halted fills the results of logs[from:] with the halt error.
+func (f *fsm) halted(logs []*raft.Log, from int, res []interface{}) []interface{} {
+	h := f.halt.Load()
+	for i := from; i < len(logs); i++ {
+		res[i] = &applyResult{Err: h}
+	}
+	return res
 }
 
 func putApplied(tx *bbolt.Tx, idx uint64) error {
@@ -528,6 +639,11 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	if f.db == nil {
 		return nil, ErrClosed
 	}
+	if h := f.halt.Load(); h != nil {
+		// A snapshot now would cover the entry not applied, and compact it
+		// away: an upgraded binary could then never apply it.
+		return nil, fmt.Errorf("snapshot refused: %w", h)
+	}
 	tx, err := f.db.Begin(false)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", f.path, err)
@@ -551,6 +667,9 @@ func (s *fsmSnapshot) Release() { _ = s.tx.Rollback() }
 // verified, then swapped in place of fsm.db.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	if h := f.halt.Load(); h != nil {
+		return fmt.Errorf("restore refused: %w", h)
+	}
 	tmp := f.path + ".restore"
 	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 //	kiln_store_commit_index               gauge   raft commit index known to this node
 //	kiln_store_applied_index              gauge   last log index applied to fsm.db
 //	kiln_store_last_event_index           gauge   raft index of the newest event
+//	kiln_store_fsm_halted                 gauge   1 once the FSM stopped at a command type it does not know, else 0
 //	kiln_store_commit_seconds             histogram  write latency, submit → applied (leader or forwarded)
 //	kiln_store_commands_total{type}       counter  writes submitted on this node, by command type
 //	kiln_store_apply_errors_total{code}   counter  commands the FSM refused, by error code
@@ -58,6 +59,13 @@ func (m *metrics) register(s *Store, reg *prometheus.Registry) error {
 			func() float64 { return float64(s.fsm.applied.Load()) }),
 		gauge("kiln_store_last_event_index", "Raft index of the newest event.",
 			func() float64 { return float64(s.fsm.lastEvent.Load()) }),
+		gauge("kiln_store_fsm_halted", "1 once this node's FSM stopped at a log entry of a command type its binary does not know (it applies nothing further until upgraded and restarted), else 0.",
+			func() float64 {
+				if s.fsm.halt.Load() != nil {
+					return 1
+				}
+				return 0
+			}),
 	} {
 		if err := reg.Register(c); err != nil {
 			return err

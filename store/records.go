@@ -475,6 +475,15 @@ type Image struct {
 	Source  string `json:"source"` // URL or path it came from
 }
 
+// ImageTombstone is the record of a deleted image (CmdDeleteImageV3) as it
+// was at the delete, and the leader's time of the delete. Every node
+// removes its catalog file of that name when the file is that content and
+// no newer record names the file (appliance/imagesync.go).
+type ImageTombstone struct {
+	Image     Image     `json:"image"`
+	DeletedAt time.Time `json:"deleted_at"`
+}
+
 // Lease is a DHCPv4 lease (RFC 2131). Expiry is fixed by the leader.
 type Lease struct {
 	MAC      string    `json:"mac"`

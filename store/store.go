@@ -81,6 +81,21 @@ type Config struct {
 	// Version is this node's binary version as `kiln version` prints it
 	// ("" = "dev"), reported in its version record (versions.go).
 	Version string
+	// Env, when set, gives this node's in-RAM environment digests (file
+	// name → lower-case hex SHA-256) for its version record (NodeVersion.Env);
+	// called every registerInterval, so it must be cheap (cached). nil or an
+	// empty map reports none.
+	Env func() map[string]string
+	// CertLifetime is the lifetime of the node certificates this node
+	// issues (enrollment, renewal; 0 = pki.NodeValidity, 10 years).
+	CertLifetime time.Duration
+	// RenewFraction: this node renews its certificate once this fraction of
+	// its lifetime has passed (0 = DefaultRenewFraction; 0 < f < 1).
+	RenewFraction float64
+	// OnIdentity, when set, stores a new identity of this node (a renewed
+	// certificate, a CA rotation step) before it is used; an error keeps
+	// the old one. The appliance saves it to raft.tls_dir.
+	OnIdentity func(*pki.Identity) error
 	// PeerFiles, when set, serves GET /peer/... on the forward RPC to other
 	// members only (a client certificate of the site CA; see PeerGet). The
 	// appliance serves its image catalog here (appliance/imagesync.go).
@@ -103,6 +118,10 @@ func (c *Config) Validate() error {
 			"with a site certificate (pki.NewSite at bootstrap, Enroll when joining)", ErrInvalid)
 	case c.Identity.NodeID() != c.NodeID:
 		return fmt.Errorf("%w: the site certificate names node %q, Config.NodeID is %q", ErrInvalid, c.Identity.NodeID(), c.NodeID)
+	case time.Now().After(c.Identity.Cert.NotAfter):
+		return fmt.Errorf("%w: %w", ErrInvalid, c.Identity.Check())
+	case c.RenewFraction < 0 || c.RenewFraction >= 1:
+		return fmt.Errorf("%w: Config.RenewFraction %v: want 0 < f < 1 (0 = %v)", ErrInvalid, c.RenewFraction, DefaultRenewFraction)
 	}
 	return nil
 }
@@ -122,6 +141,9 @@ type Store struct {
 	m     *metrics
 
 	enrollSem chan struct{} // bounds concurrent /cluster/enroll
+
+	ident   atomic.Pointer[pki.Identity] // current identity (renewal, CA rotation: renew.go)
+	renewMu sync.Mutex                   // one renewal or rotation step at a time
 
 	gate     versionGate   // leader's view of what the servers understand (versions.go)
 	claimMax atomic.Uint32 // test hook: play a binary understanding only up to this type
@@ -162,8 +184,9 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	}
 	s := &Store{cfg: cfg, log: log, leaderCh: make(chan bool, 16), done: make(chan struct{}),
 		enrollSem: make(chan struct{}, maxEnrollInFlight)}
+	s.ident.Store(cfg.Identity)
 	s.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
-		TLSClientConfig: cfg.Identity.ClientTLS(s.peerCheck), TLSHandshakeTimeout: handshakeTimeout}}
+		TLSClientConfig: pki.ClientTLSFrom(s.Identity, s.peerCheck), TLSHandshakeTimeout: handshakeTimeout}}
 	s.baseCtx, s.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -208,8 +231,8 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	s.m = newMetrics()
 	s.fsm.onApplyError = func(code string) { s.m.applyErrors.WithLabelValues(code).Inc() }
 
-	stream, err := newTLSStream(cfg.RaftAddr, cfg.Identity.ServerTLS(tls.RequireAndVerifyClientCert, s.peerCheck),
-		cfg.Identity.ClientTLS(s.peerCheck))
+	stream, err := newTLSStream(cfg.RaftAddr, pki.ServerTLSFrom(s.Identity, tls.RequireAndVerifyClientCert, s.peerCheck),
+		pki.ClientTLSFrom(s.Identity, s.peerCheck))
 	if err != nil {
 		return nil, fmt.Errorf("store: raft transport on %s: %w", cfg.RaftAddr, err)
 	}
@@ -219,7 +242,7 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("store: forward listener on %s: %w", cfg.ForwardAddr, err)
 	}
-	s.fwdLn = tls.NewListener(fwdLn, cfg.Identity.ServerTLS(tls.VerifyClientCertIfGiven, s.peerCheck))
+	s.fwdLn = tls.NewListener(fwdLn, pki.ServerTLSFrom(s.Identity, tls.VerifyClientCertIfGiven, s.peerCheck))
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -261,9 +284,10 @@ func Open(cfg Config, log *slog.Logger, reg *prometheus.Registry) (*Store, error
 	if err := s.m.register(s, reg); err != nil {
 		return nil, fmt.Errorf("store: metrics: %w", err)
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.watchLeadership()
 	go s.registerVersions()
+	go s.renewLoop()
 	ok = true
 	log.Info("store open", "data_dir", cfg.DataDir, "raft_addr", s.RaftAddr(), "forward_addr", s.ForwardAddr(),
 		"existing_state", has)
@@ -489,6 +513,9 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 func (s *Store) Ready() bool { return s.cons.ready() }
 
 func (s *Store) raftReady() bool {
+	if s.fsm.halt.Load() != nil {
+		return false
+	}
 	if id, _ := s.Leader(); id == "" {
 		return false
 	}
@@ -539,6 +566,18 @@ func (s *Store) fsmCaughtUp(idx uint64) bool {
 // not see between two commands; more than this and Ready waits for a write).
 const maxReadyGap = 4096
 
+// Halted is nil while the FSM applies the log, and the *HaltError (wrapping
+// ErrFSMHalted) once it stopped at an entry of a command type this binary
+// does not know. A halted node is not Ready, refuses snapshots, and every
+// write or wait on it fails with this error; it stays so until the process
+// restarts (on a binary that knows the type). See DESIGN.md "Mixed versions".
+func (s *Store) Halted() error {
+	if h := s.fsm.halt.Load(); h != nil {
+		return h
+	}
+	return nil
+}
+
 // Stats returns raft's statistics (raft.Raft.Stats: state, term,
 // last_log_index, commit_index, applied_index, last_snapshot_index, ...)
 // plus fsm_applied_index and last_event_index. A local store reports
@@ -551,6 +590,9 @@ func (s *Store) Stats() map[string]string {
 	st := s.raft.Stats()
 	st["fsm_applied_index"] = fmt.Sprint(s.fsm.applied.Load())
 	st["last_event_index"] = fmt.Sprint(s.fsm.lastEvent.Load())
+	if h := s.fsm.halt.Load(); h != nil {
+		st["fsm_halted_at_index"] = fmt.Sprint(h.Index)
+	}
 	return st
 }
 
@@ -560,6 +602,9 @@ func (s *Store) Stats() map[string]string {
 func (s *Store) Snapshot() error {
 	if s.raft == nil {
 		return fmt.Errorf("%w: Snapshot", ErrNoRaft)
+	}
+	if h := s.fsm.halt.Load(); h != nil {
+		return fmt.Errorf("snapshot refused: %w", h) // raft's own error would not wrap it
 	}
 	return s.raft.Snapshot().Error()
 }
@@ -686,6 +731,9 @@ func (s *Store) waitApplied(ctx context.Context, idx uint64) error {
 		_, ch := s.fsm.waitChans()
 		if s.fsm.applied.Load() >= idx {
 			return nil
+		}
+		if h := s.fsm.halt.Load(); h != nil {
+			return h
 		}
 		select {
 		case <-ch:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -41,10 +42,16 @@ const gateTTL = time.Second
 // CmdRegisterNode with version fields): its binary version (as `kiln
 // version` prints it) and the newest command type it understands; At is
 // the leader's time of the registration.
+//
+// Env is the node's in-RAM environment as it serves it (file name →
+// lower-case hex SHA-256, Config.Env; absent when the node reports none:
+// an older binary, or no environment files). It came later than the other
+// fields: a binary from before it ignores it in command 12.
 type NodeVersion struct {
-	Version    string      `json:"version"`
-	MaxCommand CommandType `json:"max_command"`
-	At         time.Time   `json:"at"`
+	Version    string            `json:"version"`
+	MaxCommand CommandType       `json:"max_command"`
+	At         time.Time         `json:"at"`
+	Env        map[string]string `json:"env,omitempty"`
 }
 
 // UnsupportedByClusterError is returned (wrapping ErrUnsupportedByCluster)
@@ -87,7 +94,7 @@ func applyNodeVersion(a *applyCtx, n *nodeInfo) error {
 	if n.Version == "" && n.MaxCommand == 0 {
 		return nil
 	}
-	raw, err := json.Marshal(NodeVersion{Version: n.Version, MaxCommand: n.MaxCommand, At: a.now})
+	raw, err := json.Marshal(NodeVersion{Version: n.Version, MaxCommand: n.MaxCommand, At: a.now, Env: n.Env})
 	if err != nil {
 		return err
 	}
@@ -224,7 +231,13 @@ func (s *Store) version() string {
 
 // selfInfo is this node's registration: forward address and version.
 func (s *Store) selfInfo() *nodeInfo {
-	return &nodeInfo{ID: s.cfg.NodeID, ForwardAddr: s.ForwardAddr(), Version: s.version(), MaxCommand: s.maxCommand()}
+	n := &nodeInfo{ID: s.cfg.NodeID, ForwardAddr: s.ForwardAddr(), Version: s.version(), MaxCommand: s.maxCommand()}
+	if s.cfg.Env != nil {
+		if env := s.cfg.Env(); len(env) > 0 {
+			n.Env = env
+		}
+	}
+	return n
 }
 
 // registered reports whether the local replica holds this node's current
@@ -238,7 +251,8 @@ func (s *Store) registered() bool {
 		}
 		var nv NodeVersion
 		raw := tx.Bucket(bNodeVersions).Get([]byte(self.ID))
-		ok = raw != nil && json.Unmarshal(raw, &nv) == nil && nv.Version == self.Version && nv.MaxCommand == self.MaxCommand
+		ok = raw != nil && json.Unmarshal(raw, &nv) == nil && nv.Version == self.Version && nv.MaxCommand == self.MaxCommand &&
+			maps.Equal(nv.Env, self.Env)
 		return nil
 	})
 	return ok

@@ -3,7 +3,10 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+
+	"go.etcd.io/bbolt"
 )
 
 // ---- writes (each is one raft command; ctx bounds it together with
@@ -186,9 +189,35 @@ func (s *Store) PutImage(ctx context.Context, v Image, w W) (Image, error) {
 // (naming a machine) while any machine's claim names it, in whatever state
 // (Release drops a claim). Checked inside the raft apply: a delete and a
 // claim of the same image racing each other never both succeed.
+//
+// It writes CmdDeleteImageV3, which also leaves a tombstone (ImageTombstones)
+// so every node removes the file; while some node of the cluster does not
+// understand it yet (ErrUnsupportedByCluster) it writes CmdDeleteImageV2,
+// which leaves none (the other nodes then keep their copies of the file).
 func (s *Store) DeleteImage(ctx context.Context, id string, w W) error {
-	_, _, err := s.write(ctx, &command{Type: CmdDeleteImageV2, W: w, ID: id})
+	_, _, err := s.write(ctx, &command{Type: CmdDeleteImageV3, W: w, ID: id})
+	if errors.Is(err, ErrUnsupportedByCluster) {
+		s.log.Warn("image deleted without a tombstone: a node of the cluster is older; other nodes keep the file", "image", id, "err", err)
+		_, _, err = s.write(ctx, &command{Type: CmdDeleteImageV2, W: w, ID: id})
+	}
 	return err
+}
+
+// ImageTombstones lists the tombstones of deleted images (CmdDeleteImageV3)
+// from the local replica, in image ID order.
+func (s *Store) ImageTombstones() ([]ImageTombstone, error) {
+	var out []ImageTombstone
+	err := s.fsm.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bImageTombstones).ForEach(func(_, v []byte) error {
+			var t ImageTombstone
+			if err := json.Unmarshal(v, &t); err != nil {
+				return fmt.Errorf("%w: image tombstone: %v", ErrCorrupt, err)
+			}
+			out = append(out, t)
+			return nil
+		})
+	})
+	return out, err
 }
 
 // PutJob is PutSite for jobs (IDs "job-<hex>"); its event has kind "job"

@@ -40,3 +40,12 @@ func (c *Client) RotateSiteKey(ctx context.Context) (api.SiteKeyRotation, error)
 	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/site/rotate-key"}, &out)
 	return out, err
 }
+
+// RotateCA is POST /v1/cluster/rotate-ca: the site CA is replaced on every
+// member with no moment where two members refuse each other
+// (store/DESIGN.md "Cluster trust"). Role admin.
+func (c *Client) RotateCA(ctx context.Context) (api.CARotation, error) {
+	var out api.CARotation
+	_, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/cluster/rotate-ca"}, &out)
+	return out, err
+}

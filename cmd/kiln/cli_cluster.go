@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -57,7 +58,7 @@ and only until it expires (--ttl, 1m to 168h).`,
 				return api.ClusterMemberList{Items: items}, err
 			}, func(out api.ClusterMemberList) func(*tabwriter.Writer) {
 				return func(tw *tabwriter.Writer) {
-					row(tw, "ID", "ROLE", "SUFFRAGE", "RAFT", "FORWARD", "VERSION", "COMMANDS", "CERT SERIAL", "JOINED")
+					row(tw, "ID", "ROLE", "SUFFRAGE", "RAFT", "FORWARD", "VERSION", "COMMANDS", "CERT SERIAL", "CERT EXPIRES", "JOINED")
 					for _, m := range out.Items {
 						role := "follower"
 						if m.Leader {
@@ -71,7 +72,11 @@ and only until it expires (--ttl, 1m to 168h).`,
 						if m.MaxCommand != 0 {
 							cmds = fmt.Sprintf("≤%d", m.MaxCommand)
 						}
-						row(tw, m.ID, role, m.Suffrage, m.RaftAddr, dash(m.ForwardAddr), dash(m.Version), cmds, dash(m.CertSerial), joined)
+						expires := "-"
+						if !m.CertNotAfter.IsZero() {
+							expires = m.CertNotAfter.Format(time.RFC3339)
+						}
+						row(tw, m.ID, role, m.Suffrage, m.RaftAddr, dash(m.ForwardAddr), dash(m.Version), cmds, dash(m.CertSerial), expires, joined)
 					}
 				}
 			})
@@ -95,7 +100,37 @@ and only until it expires (--ttl, 1m to 168h).`,
 			return nil
 		},
 	}
-	c.AddCommand(token, members, remove, recoverCmd()) // recover: cli_backup.go
+	rotateCA := &cobra.Command{
+		Use:   "rotate-ca",
+		Short: "Replace the site CA and re-issue every member's certificate under it",
+		Long: `Replace the site CA that raft and the forward RPC trust. In four steps, each
+done on every member before the next: the new CA is added to every member's
+trust; it becomes every member's signing CA; every member's certificate is
+re-issued under it; the old CA is dropped. At no moment do two members refuse
+each other. Every member must be reachable; if one is not, the rotation stops
+and says at which step (the cluster stays consistent; run it again). Join
+tokens made before the rotation carry the old CA and stop working.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.CARotation, error) {
+				return cl.RotateCA(ctx)
+			}, func(out api.CARotation) func(*tabwriter.Writer) {
+				return func(tw *tabwriter.Writer) {
+					row(tw, "Old CA:", out.OldCA)
+					row(tw, "New CA:", out.NewCA)
+					ids := make([]string, 0, len(out.Members))
+					for id := range out.Members {
+						ids = append(ids, id)
+					}
+					sort.Strings(ids)
+					for _, id := range ids {
+						row(tw, "Re-issued:", id, out.Members[id])
+					}
+				}
+			})
+		},
+	}
+	c.AddCommand(token, members, remove, rotateCA, recoverCmd()) // recover: cli_backup.go
 	return c
 }
 

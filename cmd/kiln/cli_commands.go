@@ -625,6 +625,9 @@ func statusCmd(o *cliOpts) *cobra.Command {
 					}
 					row(tw, "Version:", st.Version)
 					row(tw, "Raft:", role, "leader="+dash(st.Raft.Leader), ready)
+					if st.Raft.Halted != "" {
+						row(tw, "HALTED:", st.Raft.Halted)
+					}
 					row(tw, "Machines:", st.Total)
 					for _, s := range client.States() {
 						if n := st.Counts[s]; n > 0 {
@@ -634,6 +637,7 @@ func statusCmd(o *cliOpts) *cobra.Command {
 					for _, im := range st.Images {
 						row(tw, "Image:", im.ID, im.Name+" "+im.Version, "on "+dash(strings.Join(im.Nodes, ",")))
 					}
+					envRows(tw, st.Environment)
 					if len(st.Failures) > 0 {
 						row(tw, "Failures:")
 						for _, f := range st.Failures {
@@ -643,6 +647,35 @@ func statusCmd(o *cliOpts) *cobra.Command {
 				}
 			})
 		},
+	}
+}
+
+// envRows shows the in-RAM environment comparison of the site status: one
+// line, then one per node with 12-digit digest prefixes.
+func envRows(tw *tabwriter.Writer, e *api.EnvStatus) {
+	if e == nil {
+		return
+	}
+	verdict := "same on every node"
+	if e.Mismatch {
+		verdict = "MISMATCH: a node whose environment is not the site's does not serve it"
+	}
+	row(tw, "Environment:", verdict)
+	short := func(d map[string]string, name string) string {
+		if v := d[name]; len(v) >= 12 {
+			return name + "=" + v[:12]
+		}
+		return name + "=-"
+	}
+	for _, n := range e.Nodes {
+		state := "ok"
+		switch {
+		case len(n.Files) == 0:
+			state = "reports none"
+		case !n.Match:
+			state = "DIFFERS: not served"
+		}
+		row(tw, "  "+n.Node, short(n.Files, "vmlinuz"), short(n.Files, "initramfs"), state)
 	}
 }
 

@@ -37,7 +37,8 @@ const (
 	// host name is checked; membership in the site CA is what counts).
 	ServerName = "kiln-cluster.invalid"
 	// CAValidity and NodeValidity are the lifetimes of the site CA and of a
-	// node certificate (renewal is not built yet).
+	// node certificate (the default: the store renews a node's certificate
+	// before it expires, and may issue shorter ones).
 	CAValidity   = 20 * 365 * 24 * time.Hour
 	NodeValidity = 10 * 365 * 24 * time.Hour
 	// clockSkew backdates NotBefore so a peer whose clock is a little behind
@@ -51,6 +52,9 @@ const (
 	CAKeyFile    = "ca.key"
 	NodeCertFile = "node.crt"
 	NodeKeyFile  = "node.key"
+	// TrustFile holds the CAs of Identity.Trust (PEM certificates, one
+	// after another); absent when Trust is empty.
+	TrustFile = "trust.crt"
 )
 
 // Errors of package pki.
@@ -62,6 +66,8 @@ var (
 	// ErrWrongCA: a peer's certificate chain does not contain the CA the
 	// join token names.
 	ErrWrongCA = errors.New("pki: peer does not present the site CA the join token names")
+	// ErrExpired: a node certificate is past its NotAfter (Check).
+	ErrExpired = errors.New("pki: certificate expired")
 	// ErrBadCSR: a certificate request is malformed or not self-signed.
 	ErrBadCSR = errors.New("pki: bad certificate request")
 )
@@ -69,11 +75,37 @@ var (
 // Identity is one node's credentials: the site CA (certificate and key:
 // every member can admit a joiner) and the node's own
 // certificate and key. Cert's Subject.CommonName is the node ID.
+//
+// Trust holds further CAs this node accepts peers from besides CA (the
+// trust bundle): during a CA rotation the new CA before it signs, then the
+// old one until every node is re-issued (store/DESIGN.md "Cluster trust").
+// CA is the one that signs (Sign); Cert may be signed by CA or by a CA of
+// Trust.
 type Identity struct {
 	CA    *x509.Certificate
 	CAKey *ecdsa.PrivateKey
 	Cert  *x509.Certificate
 	Key   *ecdsa.PrivateKey
+	Trust []*x509.Certificate
+}
+
+// Clone returns a copy of id whose Trust slice is its own (certificates
+// and keys are shared: they are never modified).
+func (id *Identity) Clone() *Identity {
+	c := *id
+	c.Trust = append([]*x509.Certificate(nil), id.Trust...)
+	return &c
+}
+
+// Issuer is the CA certificate (CA or one of Trust) that signed Cert, or
+// nil.
+func (id *Identity) Issuer() *x509.Certificate {
+	for _, ca := range append([]*x509.Certificate{id.CA}, id.Trust...) {
+		if ca != nil && id.Cert.CheckSignatureFrom(ca) == nil {
+			return ca
+		}
+	}
+	return nil
 }
 
 // NodeID is the node ID the certificate names (its CommonName).
@@ -92,29 +124,7 @@ func NewSite(nodeID string, now time.Time) (*Identity, error) {
 	if nodeID == "" {
 		return nil, errors.New("pki: empty node ID")
 	}
-	caKey, err := NewKey()
-	if err != nil {
-		return nil, err
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          sn,
-		Subject:               pkix.Name{CommonName: "kiln site CA", Organization: []string{"kiln"}},
-		NotBefore:             now.Add(-clockSkew),
-		NotAfter:              now.Add(CAValidity),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, caKey.Public(), caKey)
-	if err != nil {
-		return nil, fmt.Errorf("pki: create CA: %w", err)
-	}
-	ca, err := x509.ParseCertificate(der)
+	ca, caKey, err := NewCA(now)
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +144,38 @@ func NewSite(nodeID string, now time.Time) (*Identity, error) {
 	return id, nil
 }
 
+// NewCA makes a new site CA certificate (CAValidity from now) and its key:
+// what NewSite makes at bootstrap and a CA rotation makes anew.
+func NewCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	caKey, err := NewKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          sn,
+		Subject:               pkix.Name{CommonName: "kiln site CA", Organization: []string{"kiln"}},
+		NotBefore:             now.Add(-clockSkew),
+		NotAfter:              now.Add(CAValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, caKey.Public(), caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pki: create CA: %w", err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ca, caKey, nil
+}
+
 // NewCSR returns a DER PKCS#10 request for nodeID signed by key.
 func NewCSR(key *ecdsa.PrivateKey, nodeID string) ([]byte, error) {
 	return x509.CreateCertificateRequest(rand.Reader,
@@ -145,6 +187,34 @@ func NewCSR(key *ecdsa.PrivateKey, nodeID string) ([]byte, error) {
 // SAN ServerName, client and server auth, NodeValidity from now. The
 // request's other fields are ignored. Errors: ErrBadCSR, or no CA key.
 func (id *Identity) Sign(csrDER []byte, nodeID string, now time.Time) (*x509.Certificate, error) {
+	return id.SignWith(csrDER, nodeID, SignOptions{Now: now})
+}
+
+// SignOptions are the choices of SignWith.
+type SignOptions struct {
+	Now time.Time
+	// Validity is the certificate's lifetime from Now (0 = NodeValidity).
+	// NotBefore is backdated by min(5 min, Validity/4) for peers whose
+	// clock is a little behind.
+	Validity time.Duration
+	// Enrollment, when set, is written as the certificate's subject
+	// serialNumber (EnrollmentOf): the enrollment (join token ID) it
+	// belongs to, so a peer accepts a renewed certificate of that
+	// enrollment before it has seen its record.
+	Enrollment string
+}
+
+// EnrollmentOf is the enrollment a certificate names (SignOptions.Enrollment),
+// "" when none.
+func EnrollmentOf(c *x509.Certificate) string { return c.Subject.SerialNumber }
+
+// SignWith is Sign with the lifetime and enrollment of opt.
+func (id *Identity) SignWith(csrDER []byte, nodeID string, opt SignOptions) (*x509.Certificate, error) {
+	now := opt.Now
+	validity := opt.Validity
+	if validity <= 0 {
+		validity = NodeValidity
+	}
 	if id.CAKey == nil {
 		return nil, errors.New("pki: this node holds no CA key, so it cannot admit a node")
 	}
@@ -164,10 +234,10 @@ func (id *Identity) Sign(csrDER []byte, nodeID string, now time.Time) (*x509.Cer
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: nodeID, Organization: []string{"kiln"}},
+		Subject:      pkix.Name{CommonName: nodeID, Organization: []string{"kiln"}, SerialNumber: opt.Enrollment},
 		DNSNames:     []string{ServerName},
-		NotBefore:    now.Add(-clockSkew),
-		NotAfter:     now.Add(NodeValidity),
+		NotBefore:    now.Add(-min(clockSkew, validity/4)),
+		NotAfter:     now.Add(validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
@@ -191,17 +261,75 @@ func SPKIHash(c *x509.Certificate) string {
 // CAHash is SPKIHash of the site CA.
 func (id *Identity) CAHash() string { return SPKIHash(id.CA) }
 
-// Pool is a pool holding only the site CA.
+// Pool is a pool holding the site CA and the CAs of Trust.
 func (id *Identity) Pool() *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(id.CA)
+	for _, c := range id.Trust {
+		p.AddCert(c)
+	}
 	return p
 }
 
-// tlsCert is the node's certificate with the CA in its chain (a joiner
-// finds the CA there and checks it against its token).
+// tlsCert is the node's certificate with its issuing CA in its chain (a
+// joiner finds the CA there and checks it against its token).
 func (id *Identity) tlsCert() tls.Certificate {
-	return tls.Certificate{Certificate: [][]byte{id.Cert.Raw, id.CA.Raw}, PrivateKey: id.Key, Leaf: id.Cert}
+	chain := [][]byte{id.Cert.Raw}
+	if ca := id.Issuer(); ca != nil {
+		chain = append(chain, ca.Raw)
+	}
+	return tls.Certificate{Certificate: chain, PrivateKey: id.Key, Leaf: id.Cert}
+}
+
+// Source returns a node's current identity: it changes when the node's
+// certificate is renewed or the site CA rotated, and every handshake asks
+// again (ServerTLSFrom, ClientTLSFrom).
+type Source func() *Identity
+
+// ServerTLSFrom is ServerTLS of whatever identity src gives at each
+// handshake (tls.Config.GetConfigForClient): a renewed certificate or a
+// changed trust bundle is used from the next connection on, with no
+// restart.
+func ServerTLSFrom(src Source, clientAuth tls.ClientAuthType, check PeerCheck) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return src().ServerTLS(clientAuth, check), nil
+		}}
+}
+
+// ClientTLSFrom is ClientTLS of whatever identity src gives at each
+// handshake: the client certificate comes from GetClientCertificate and the
+// peer is verified in VerifyConnection against src's pool (with
+// ServerName, server auth, then check) — crypto/tls's own verification is
+// off only because it cannot take a pool that changes.
+func ClientTLSFrom(src Source, check PeerCheck) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ServerName: ServerName,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c := src().tlsCert()
+			return &c, nil
+		},
+		InsecureSkipVerify: true, // verified in VerifyConnection below, against the current pool
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("pki: peer sent no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			leaf := cs.PeerCertificates[0]
+			if _, err := leaf.Verify(x509.VerifyOptions{Roots: src().Pool(), Intermediates: inter, DNSName: ServerName,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+				return fmt.Errorf("pki: peer certificate %s of %q refused: %w", Serial(leaf), leaf.Subject.CommonName, err)
+			}
+			if check != nil {
+				return check(leaf)
+			}
+			return nil
+		},
+	}
 }
 
 // PeerCheck, when non-nil, is asked about every verified peer certificate
@@ -308,14 +436,38 @@ func (id *Identity) Save(dir string) error {
 			mode os.FileMode
 		}{k.name, "PRIVATE KEY", der, 0o600})
 	}
-	for _, f := range files {
-		path := filepath.Join(dir, f.name)
-		tmp := path + ".tmp"
-		b := pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der})
-		if err := writeSync(tmp, b, f.mode); err != nil {
+	// Every file is written in full first, then all are renamed into
+	// place, so a crash leaves at most a short window of mixed files.
+	var trust []byte
+	for _, c := range id.Trust {
+		trust = append(trust, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	var tmps []string
+	write := func(name string, b []byte, mode os.FileMode) error {
+		path := filepath.Join(dir, name)
+		if err := writeSync(path+".tmp", b, mode); err != nil {
 			return fmt.Errorf("pki: write %s: %w", path, err)
 		}
-		if err := os.Rename(tmp, path); err != nil {
+		tmps = append(tmps, path)
+		return nil
+	}
+	for _, f := range files {
+		if err := write(f.name, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), f.mode); err != nil {
+			return err
+		}
+	}
+	if len(trust) > 0 {
+		if err := write(TrustFile, trust, 0o644); err != nil {
+			return err
+		}
+	}
+	for _, path := range tmps {
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return fmt.Errorf("pki: %w", err)
+		}
+	}
+	if len(trust) == 0 {
+		if err := os.Remove(filepath.Join(dir, TrustFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("pki: %w", err)
 		}
 	}
@@ -361,15 +513,37 @@ func Load(dir string) (*Identity, error) {
 	if id.CAKey, err = loadKey(filepath.Join(dir, CAKeyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
+	if b, err := os.ReadFile(filepath.Join(dir, TrustFile)); err == nil {
+		for len(b) > 0 {
+			var blk *pem.Block
+			if blk, b = pem.Decode(b); blk == nil {
+				break
+			}
+			c, err := x509.ParseCertificate(blk.Bytes)
+			if err != nil || blk.Type != "CERTIFICATE" {
+				return nil, fmt.Errorf("pki: %s: a block is not a certificate", filepath.Join(dir, TrustFile))
+			}
+			id.Trust = append(id.Trust, c)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
 	if err := id.Check(); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	return id, nil
 }
 
-// Check verifies that Cert is signed by CA for ServerName, that Key is
-// Cert's key and CAKey (when set) is CA's key.
+// Check verifies that Cert is signed by CA (or a CA of Trust) for
+// ServerName and valid now, that Key is Cert's key and CAKey (when set) is
+// CA's key. An expired certificate is ErrExpired, saying what to do.
 func (id *Identity) Check() error {
+	if now := time.Now(); now.After(id.Cert.NotAfter) {
+		return fmt.Errorf("%w: node certificate %s of %s expired at %s (renewal did not happen in time: "+
+			"the node was down or cut off longer than the certificate's lifetime); peers refuse it, so this node "+
+			"must join again: move its TLS directory and data directory aside and start it with a new join token",
+			ErrExpired, Serial(id.Cert), id.NodeID(), id.Cert.NotAfter.UTC().Format(time.RFC3339))
+	}
 	if _, err := id.Cert.Verify(x509.VerifyOptions{Roots: id.Pool(), DNSName: ServerName,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		return fmt.Errorf("pki: node certificate does not verify against the site CA: %w", err)
