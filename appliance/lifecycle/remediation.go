@@ -710,13 +710,19 @@ func blockingDiffs(ds []store.FieldDiff) []store.FieldDiff {
 // reprovisionStarts is AgentTask's part for a build that starts on a
 // machine whose ladder is at reinspect (the inspection matched): the
 // ladder is at reprovision from now on, and the owner's and Kiln's
-// conditions, which were about the old installation, are dropped.
+// conditions, which were about the old installation, are dropped. The
+// disk holds Kiln's own build of this claim, so the task wipes it
+// (Step.Rewrite): without it the check step refuses the disk as a
+// foreign OS and the reprovision fails without being tried.
 func (c *Controller) reprovisionStarts(m *store.Machine, now time.Time) {
 	r := m.Remediation
 	if r == nil || r.Outcome != "" || r.Step != StepReinspect {
 		return
 	}
 	c.enterStep(r, StepReprovision, ResultSucceeded, "the inspection matched the hardware before; the same claim is built again", now)
+	if m.Step != nil {
+		m.Step.Rewrite = true
+	}
 	clearConditions(m, store.HealthSourceOwner, store.HealthSourceKiln)
 }
 

@@ -47,6 +47,11 @@ type Options struct {
 	Timeout    time.Duration
 	KeepUp     bool      // leave the lab running at the end (demo)
 	Out        io.Writer // progress, one line per event
+	// ExtraConfig is appended to the lab's kiln.yaml (top-level sections,
+	// e.g. `remediation:` with the lab's short timeouts).
+	ExtraConfig string
+	// MemMiB is each VM's memory (0: 512).
+	MemMiB int
 }
 
 // Result of a run.
@@ -246,8 +251,9 @@ func preflight(o Options) error {
 			return fmt.Errorf("%s not found: run deploy/scripts/install-deps.sh", b)
 		}
 	}
-	for _, f := range []string{"bin/kiln", "bin/vbmc", "build/env/vmlinuz", "build/env/initramfs"} {
-		if _, err := os.Stat(filepath.Join(o.Root, f)); err != nil {
+	for _, f := range []string{filepath.Join(o.Root, "bin/kiln"), filepath.Join(o.Root, "bin/vbmc"),
+		filepath.Join(envDir(o), "vmlinuz"), filepath.Join(envDir(o), "initramfs")} {
+		if _, err := os.Stat(f); err != nil {
 			return fmt.Errorf("%s missing: run make build env (or make e2e)", f)
 		}
 	}
@@ -259,6 +265,15 @@ func preflight(o Options) error {
 		}
 	}
 	return nil
+}
+
+// envDir is the in-RAM environment Kiln serves: $KILN_ENV_DIR when set
+// (a worktree using a shared build), else the repository's build/env.
+func envDir(o Options) string {
+	if d := os.Getenv("KILN_ENV_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(o.Root, "build/env")
 }
 
 // bootSector is x86 real-mode code for the image's MBR: it writes diskMsg to
@@ -349,7 +364,7 @@ bmc:
 lifecycle:
   step_timeout: 10m
   agent_poll_after: 1s
-`, data, labnet.ServerIf, labnet.ServerIP, labnet.ServerIP, filepath.Join(o.Root, "build/env"), filepath.Join(o.Work, "images"))
+`+o.ExtraConfig, data, labnet.ServerIf, labnet.ServerIP, labnet.ServerIP, envDir(o), filepath.Join(o.Work, "images"))
 	cfgPath := filepath.Join(o.Work, "kiln.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
@@ -449,6 +464,7 @@ type watcher struct {
 	last       api.Machine
 	powerOn    time.Time
 	lastChange time.Time
+	seen       []api.Event // every event printed, in order
 }
 
 func (w *watcher) until(ctx context.Context, done func(api.Machine) bool) error {
@@ -475,6 +491,7 @@ func (w *watcher) until(ctx context.Context, done func(api.Machine) bool) error 
 					w.lastChange = e.Time // the leader's clock, on this host
 				}
 				w.print(e)
+				w.seen = append(w.seen, e)
 			}
 			w.after = el.Next
 			if len(el.Events) < api.MaxListLimitCap {
@@ -519,7 +536,19 @@ const (
 
 // qemuArgs is the VM: network first (bootindex 1), then its virtio disk.
 func qemuArgs(o Options, disk string) []string {
-	args := []string{"qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "512", "-smp", "1", "-uuid", vmUUID,
+	return vmArgs(o, disk, vmSpec{mac: vmMAC, uuid: vmUUID, tap: "tap0"})
+}
+
+// vmSpec is what tells one lab VM from another on a shared lab.
+type vmSpec struct{ mac, uuid, tap string }
+
+// vmArgs is qemuArgs for the VM v.
+func vmArgs(o Options, disk string, v vmSpec) []string {
+	mem := o.MemMiB
+	if mem == 0 {
+		mem = 512
+	}
+	args := []string{"qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", strconv.Itoa(mem), "-smp", "1", "-uuid", v.uuid,
 		"-nodefaults", "-nographic", "-monitor", "none"}
 	if o.Firmware == "uefi" {
 		vars := filepath.Join(o.Work, "OVMF_VARS.fd")
@@ -530,8 +559,8 @@ func qemuArgs(o Options, disk string) []string {
 		args = append(args, "-machine", "pc")
 	}
 	return append(args,
-		"-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
-		"-device", "virtio-net-pci,netdev=n0,mac="+vmMAC+",bootindex=1",
+		"-netdev", "tap,id=n0,ifname="+v.tap+",script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,mac="+v.mac+",bootindex=1",
 		"-drive", "file="+disk+",format=raw,if=none,id=d0,cache=writeback",
 		"-device", "virtio-blk-pci,drive=d0,bootindex=2")
 }
@@ -563,41 +592,52 @@ func startBMC(ctx context.Context, o Options, lab *labnet.Lab, disk string) (add
 		}
 		return labnet.BMCAddr, "ipmi", stateDir, nil
 	case "redfish":
-		if err := os.WriteFile(filepath.Join(stateDir, "qemu.args"), []byte(strings.Join(args, "\n")+"\n"), 0o644); err != nil {
-			return "", "", "", err
-		}
-		pw := filepath.Join(stateDir, "pw")
-		if err := os.WriteFile(pw, []byte(bmcPass), 0o600); err != nil {
-			return "", "", "", err
-		}
-		mode := "Legacy"
-		if o.Firmware == "uefi" {
-			mode = "UEFI"
-		}
-		logf, err := os.Create(filepath.Join(stateDir, "vbmc.log"))
-		if err != nil {
-			return "", "", "", err
-		}
 		listen := labnet.BMCAddr + ":8443"
-		cmd := exec.Command("ip", "netns", "exec", lab.LAN, filepath.Join(o.Root, "bin/vbmc"), "--listen", listen,
-			"--user", bmcUser, "--password-file", pw, "--qemu-args-file", filepath.Join(stateDir, "qemu.args"),
-			"--state-dir", stateDir, "--mode", mode, "--uuid", vmUUID, "--mac", vmMAC)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			logf.Close()
+		if err := startVBMC(ctx, o, lab, stateDir, listen, args, vmMAC, vmUUID); err != nil {
 			return "", "", "", err
 		}
-		go func() { _ = cmd.Wait(); logf.Close() }()
-		for i := 0; i < 50; i++ {
-			probe := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Srv, "curl", "-ksf", "-o", "/dev/null", "https://"+listen+"/redfish/v1/")
-			if probe.Run() == nil {
-				return listen, "redfish", stateDir, nil
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		return "", "", "", fmt.Errorf("vbmc did not answer on %s (see %s)", listen, filepath.Join(stateDir, "vbmc.log"))
+		return listen, "redfish", stateDir, nil
 	}
 	return "", "", "", fmt.Errorf("unknown BMC kind %q (ipmi or redfish)", o.BMC)
+}
+
+// startVBMC runs the virtual Redfish BMC of one VM (qemu command line args)
+// in the LAN namespace on listen, its state (QMP socket, serial logs,
+// vbmc.log) in stateDir, and waits until it answers from the server
+// namespace.
+func startVBMC(ctx context.Context, o Options, lab *labnet.Lab, stateDir, listen string, args []string, mac, uuid string) error {
+	if err := os.WriteFile(filepath.Join(stateDir, "qemu.args"), []byte(strings.Join(args, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	pw := filepath.Join(stateDir, "pw")
+	if err := os.WriteFile(pw, []byte(bmcPass), 0o600); err != nil {
+		return err
+	}
+	mode := "Legacy"
+	if o.Firmware == "uefi" {
+		mode = "UEFI"
+	}
+	logf, err := os.Create(filepath.Join(stateDir, "vbmc.log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("ip", "netns", "exec", lab.LAN, filepath.Join(o.Root, "bin/vbmc"), "--listen", listen,
+		"--user", bmcUser, "--password-file", pw, "--qemu-args-file", filepath.Join(stateDir, "qemu.args"),
+		"--state-dir", stateDir, "--mode", mode, "--uuid", uuid, "--mac", mac)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	for i := 0; i < 50; i++ {
+		probe := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Srv, "curl", "-ksf", "-o", "/dev/null", "https://"+listen+"/redfish/v1/")
+		if probe.Run() == nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("vbmc did not answer on %s (see %s)", listen, filepath.Join(stateDir, "vbmc.log"))
 }
 
 // startRadvd answers IPv6 router solicitations on the provisioning network,
