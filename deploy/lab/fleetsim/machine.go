@@ -38,6 +38,8 @@ type machine struct {
 	uuid   string
 	bmc    netip.Addr
 	id     string // Kiln's machine ID, set after the import
+	// claimed: claimed in the day-2 set-up (POST /v1/machines/claim); not a spare.
+	claimed bool
 
 	mu     sync.Mutex
 	on     bool
@@ -54,6 +56,7 @@ type times struct {
 	registered, available, writeStart, writeDone     time.Time
 	verifyStart, verifyDone, rebootReport            time.Time
 	provisioned, failed                              time.Time
+	erased                                           time.Time       // the first erase report (day 2)
 	reports                                          []time.Duration // each agent report's round trip
 	failReason                                       string
 	retries                                          int      // network boots tried again after an error
@@ -472,7 +475,8 @@ func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err
 		case agentapi.ActionErase:
 			_ = a.report(ctx, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateStarted})
 			_ = a.report(ctx, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateSucceeded, Progress: 1,
-				Message: "/dev/sda erased by discard; first and last MiB read zeros"})
+				Message: "1 of 1 disks erased", Erase: []agentapi.DiskErase{m.eraseCert()}})
+			m.mark(&m.t.erased)
 		case agentapi.ActionPowerOff:
 			_ = m.PowerOff()
 			return false, nil
@@ -497,6 +501,19 @@ func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err
 		}
 		task = next
 	}
+}
+
+// eraseCert is the erase certificate of the machine's one disk as the real
+// agent reports it for a SATA SSD (cmd/kiln-agent/agent erase: ATA SECURITY
+// ERASE UNIT enhanced, then a sampled read-back). Nothing is written: the
+// simulated disk holds nothing.
+func (m *machine) eraseCert() agentapi.DiskErase {
+	now := time.Now().UTC()
+	return agentapi.DiskErase{Name: "sda", Path: "/dev/sda", Serial: "D" + m.serial, Model: "FS-SSD", SizeBytes: diskBytes,
+		Transport: "ata", Method: agentapi.EraseATASecurityEnhanced, Outcome: agentapi.EraseErased,
+		Reason: "security supported, not frozen, enhanced erase supported", Verification: "sample: 1024 blocks of 4 KiB read zeros",
+		Verified: true, Coverage: 1024 * 4096 / float64(diskBytes), Started: now, Ended: now,
+		Attempts: []agentapi.EraseAttempt{{Method: agentapi.EraseATASecurityEnhanced, Outcome: agentapi.EraseErased}}}
 }
 
 // build reports check, write (the image streamed and hashed, discarded),
