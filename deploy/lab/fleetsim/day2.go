@@ -104,7 +104,9 @@ type Day2Result struct {
 	AHourSeconds                      float64
 	ASlowestReplacement               float64 // s from a failure to its spare provisioned
 	ABrakeEngaged                     bool
-	ABMCActions                       int // BMC actions (Reset, boot PATCH) during mode A
+	ABMCActions                       int    // BMC actions (Reset, boot PATCH) during mode A
+	ALadder                           string // the first failed machine's transitions
+	AEraseCertificates                int    // erase_certificate events in Kiln's log
 	// Mode B.
 	BFailed                int
 	BBrakeEngaged          bool
@@ -126,13 +128,17 @@ func (d *Day2Result) Lines() []string {
 	}
 	b := fmt.Sprintf("fleet: %d of %d failed at once; ", d.BFailed, d.Claimed)
 	if d.BBrakeEngaged {
-		b += fmt.Sprintf("brake engaged (scope %s %s, %d failures counted) after %.1f s; BMC actions after brake %d; repaired behind brake %d",
-			d.BBrakeScope, d.BBrakeKey, d.BCounted, d.BBrakeAfter, d.BActionsAfterBrake, d.BTransitionsAfter)
+		scope := d.BBrakeScope
+		if d.BBrakeKey != "" {
+			scope += " " + d.BBrakeKey
+		}
+		b += fmt.Sprintf("brake engaged (scope %s, %d failures counted) after %.1f s; BMC actions after brake %d; repaired behind brake %d",
+			scope, d.BCounted, d.BBrakeAfter, d.BActionsAfterBrake, d.BTransitionsAfter)
 	} else {
 		b += "brake NOT engaged"
 	}
-	return []string{a, b, fmt.Sprintf("fleet: day 2: BMC actions in mode A %d, in mode B before the brake %d; mode B watched %.0f s after the brake",
-		d.ABMCActions, d.BActionsBeforeBrake, d.BObserveSeconds)}
+	return []string{a, b, fmt.Sprintf("fleet: day 2: BMC actions in mode A %d, in mode B before the brake %d; mode B watched %.0f s after the brake; erase certificates %d; ladder of the first: %s",
+		d.ABMCActions, d.BActionsBeforeBrake, d.BObserveSeconds, d.AEraseCertificates, d.ALadder)}
 }
 
 // bmcAction is one power or boot request a BMC served.
@@ -202,6 +208,19 @@ func (t *transitionLog) first(m *machine, to string, since time.Time) time.Time 
 		}
 	}
 	return time.Time{}
+}
+
+// path is m's transitions since since, "a→b→c".
+func (t *transitionLog) path(m *machine, since time.Time) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var p []string
+	for _, x := range t.all[m] {
+		if !x.at.Before(since) {
+			p = append(p, x.to)
+		}
+	}
+	return strings.Join(p, "→")
 }
 
 func (t *transitionLog) countAfter(ms []*machine, since time.Time) int {
@@ -379,8 +398,10 @@ func (f *fleet) day2(ctx context.Context, vb *vbmc.Server, acts *actionLog, tl *
 	}
 	res.AFailed = len(failA)
 	res.ABMCActions, _ = acts.between(aStart, time.Now())
-	for _, line := range res.Lines()[:1] {
-		f.say("%s", line)
+	res.ALadder = tl.path(failA[0], aStart)
+	var ev Result
+	if err := f.countEvents(ctx, &ev); err == nil {
+		res.AEraseCertificates = ev.EventKinds["erase_certificate"]
 	}
 
 	// Mode B: FailB provisioned claimed machines (not mode A's) fail at once.

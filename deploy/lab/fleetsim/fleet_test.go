@@ -195,6 +195,9 @@ func TestFleetDay2(t *testing.T) {
 	if !d.BBrakeEngaged || d.BFailed != 10 || d.BActionsAfterBrake != 0 || d.BTransitionsAfter != 0 {
 		t.Errorf("mode B: %+v\nwant 10 failed, brake engaged, 0 BMC actions and 0 transitions after it", d)
 	}
+	if d.AEraseCertificates < 2 || !strings.HasSuffix(d.ALadder, "rma") {
+		t.Errorf("mode A: %d erase certificates, ladder %q: want 2 certificates and a ladder ending rma", d.AEraseCertificates, d.ALadder)
+	}
 	if d.ABMCActions < 2*3 {
 		t.Errorf("mode A: %d BMC actions counted on the vbmc for 2 ladders and 2 spare builds: the count does not see them", d.ABMCActions)
 	}
