@@ -42,6 +42,9 @@ type Day2Options struct {
 	BrakeWindow   time.Duration `json:"brake_window"`
 	HealthPoll    time.Duration `json:"health_poll"`
 	HealthWorkers int           `json:"health_workers"`
+	// Hold is Kiln's remediation.hold (default 2 × HealthPoll: a sweep of
+	// the health poll; negative: 0, no hold).
+	Hold time.Duration `json:"hold"`
 	// Observe is how long mode B watches after the brake engaged (default
 	// 3 × (HealthPoll + Settle) + 10 s: long enough for a ladder step).
 	Observe time.Duration `json:"observe"`
@@ -85,6 +88,11 @@ func (d *Day2Options) defaults(n int) error {
 	}
 	if d.HealthWorkers <= 0 {
 		d.HealthWorkers = 16
+	}
+	if d.Hold == 0 {
+		d.Hold = 2 * d.HealthPoll
+	} else if d.Hold < 0 {
+		d.Hold = 0
 	}
 	if d.Observe <= 0 {
 		d.Observe = 3*(d.HealthPoll+d.Settle) + 10*time.Second

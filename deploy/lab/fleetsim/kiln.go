@@ -94,6 +94,7 @@ func remediationConfig(o Options) string {
 	return fmt.Sprintf(`remediation:
   mode: auto
   settle: %s
+  hold: %s
   steps:
     power_cycle: %s
     reinspect: %s
@@ -107,7 +108,7 @@ func remediationConfig(o Options) string {
     workers: %d
     backoff: %s
     max_backoff: %s
-`, d.Settle, 10*d.Settle+30*time.Second, 2*time.Minute+o.Timeout/4, 3*time.Minute+o.Timeout/4, d.BrakeWindow, d.HealthPoll,
+`, d.Settle, d.Hold, 10*d.Settle+30*time.Second, 2*time.Minute+o.Timeout/4, 3*time.Minute+o.Timeout/4, d.BrakeWindow, d.HealthPoll,
 		d.HealthWorkers, d.HealthPoll, 5*d.HealthPoll)
 }
 
