@@ -78,6 +78,11 @@
 //	fleet: 2000 claimed; 40 failed over 1h (compressed to N s); 40 rma, 40 spares provisioned; slowest replacement N s after failure
 //	fleet: 400 of 2000 failed at once; brake engaged (scope site, K failures counted) after N s; BMC actions after brake 0; repaired behind brake 0
 //
+// (The storm's lines of a day-2 run count the spares as unfinished: they are
+// inspected and stay available. Kiln runs with remediation.hold = 2 × the
+// health poll, so a mass failure read over one sweep is counted before any
+// run starts: appliance/lifecycle/DESIGN.md "The brake".)
+//
 // Not simulated: the in-RAM environment is fetched in part and never run;
 // disks are not written (the image's bytes are hashed and dropped); DHCP
 // renewals; UEFI machines. The package imports nothing of Kiln's but the
