@@ -122,8 +122,12 @@ func (m *machine) mark(p *time.Time) {
 
 // netbootRetries is how often a machine tries its network boot again after
 // an error (DHCP without an answer, a TFTP or HTTP error) before the
-// simulation records the error and leaves the machine powered on and stuck.
-const netbootRetries = 5
+// simulation records the error and leaves the machine powered on and stuck;
+// the wait between tries grows 2 s, 4 s, … up to 10 s (about 3 min in all,
+// as a PXE ROM looping over its boot order). Five tries 2 s apart were too
+// few when 2,000 machines reboot at once after a day-2 claim: Kiln's TFTP
+// refuses past 256 transfers ("server busy") for longer than that.
+const netbootRetries = 20
 
 // run is one power-on: network boot, then the agent, then (after the build)
 // the reboot's network boot to the local disk, after which the machine runs
@@ -140,7 +144,7 @@ func (m *machine) run(ctx context.Context) {
 			m.t.retries++
 			m.t.retryErrs = append(m.t.retryErrs, err.Error())
 			m.mu.Unlock()
-			if !sleepCtx(ctx, 2*time.Second) {
+			if !sleepCtx(ctx, min(time.Duration(try)*2*time.Second, 10*time.Second)) {
 				return
 			}
 			act, err = m.netboot(ctx, false)
