@@ -47,8 +47,9 @@ bench: build env ## Benchmarks (bench: lines, a peer measured in the same run or
 	@! grep -qE '^(--- FAIL|FAIL)' bench.log
 
 N ?= 50
-fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root)
-	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT))
+DAY2 ?=
+fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root); DAY2=1 adds the day-2 failures
+	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT)) $(if $(DAY2),-day2)
 
 LEASECHECK_DURATION ?= 5m
 LEASECHECK_CLIENTS  ?= 2000

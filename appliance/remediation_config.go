@@ -21,6 +21,11 @@ type RemediationConfig struct {
 	// Settle: a step repaired the machine when no condition is Critical
 	// this long after its action (default 2m).
 	Settle time.Duration `yaml:"settle"`
+	// Hold (default 0): a newly failed machine's run starts only once its
+	// Critical condition is this old (it is counted in the brake at once):
+	// about one health-poll sweep, so a mass failure read over several
+	// ticks engages the brake before any machine is touched.
+	Hold time.Duration `yaml:"hold"`
 	// EraseBeforeRMA (default true): a machine declared failed is erased
 	// before it becomes rma.
 	EraseBeforeRMA *bool `yaml:"erase_before_rma"`
@@ -92,7 +97,7 @@ func (r RemediationConfig) lifecycle() lifecycle.RemediationConfig {
 	}
 	return lifecycle.RemediationConfig{
 		Mode: r.Mode, PowerCycleTimeout: r.Steps.PowerCycle, ReinspectTimeout: r.Steps.Reinspect,
-		ReprovisionTimeout: r.Steps.Reprovision, Settle: r.Settle,
+		ReprovisionTimeout: r.Steps.Reprovision, Settle: r.Settle, StartHold: r.Hold,
 		DrainTimeout: r.Drain.Timeout, DrainPolicy: r.Drain.Policy, WebhookTimeout: r.Drain.WebhookTimeout,
 		NoEraseBeforeRMA: r.EraseBeforeRMA != nil && !*r.EraseBeforeRMA,
 		BrakeWindow:      r.Brake.Window, BrakeRack: th(r.Brake.Rack), BrakeClaim: th(r.Brake.Claim), BrakeSite: th(r.Brake.Site),

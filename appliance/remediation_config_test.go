@@ -22,6 +22,7 @@ func TestRemediationConfig(t *testing.T) {
 	}
 	for yaml, key := range map[string]string{
 		"remediation: {mode: sometimes}":                        "remediation.mode",
+		"remediation: {hold: -1s}":                              "remediation.hold",
 		"remediation: {drain: {policy: ask}}":                   "remediation.drain.policy",
 		"remediation: {steps: {power_cycle: -1m}}":              "remediation.steps.power_cycle",
 		"remediation: {brake: {rack: {max_percent: 150}}}":      "remediation.brake.rack",

@@ -210,7 +210,11 @@ func (c *Controller) remediate(ctx context.Context) error {
 			}
 		}
 	}
+	now := c.now()
 	for _, x := range fresh {
+		if _, since := failure(x.m); now.Sub(since) < c.cfg.Remediation.StartHold {
+			continue // counted; its run starts once the failure is StartHold old
+		}
 		if _, err := c.startLadder(ctx, x.m.ID, x.why, StepPowerCycle, true); err != nil {
 			errs = append(errs, err)
 		}

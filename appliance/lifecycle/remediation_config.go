@@ -85,6 +85,13 @@ type RemediationConfig struct {
 	// BrakeClaim and BrakeSite the thresholds per scope.
 	BrakeWindow                      time.Duration
 	BrakeRack, BrakeClaim, BrakeSite BrakeThreshold
+	// StartHold (default 0: none): a newly failed machine is counted in the
+	// brake at once, but its run starts only once its Critical condition is
+	// this old, so a mass failure that surfaces over one health-poll sweep
+	// (several ticks) engages the brake before any of its machines is
+	// touched. Set it to the time one sweep takes (about the health
+	// interval). Appliance key remediation.hold.
+	StartHold time.Duration
 	// SparesLow is the spare count per hardware class at or below which a
 	// spares_low event is recorded (and kiln_spares_low_threshold tells the
 	// alert); SparesLowByClass overrides it per class.
@@ -177,6 +184,9 @@ func (r *RemediationConfig) Validate() error {
 	}
 	if r.HealthPollWorkers < 1 || r.HealthPollWorkers > 256 {
 		return fmt.Errorf("%w: remediation.health.workers %d: want 1..256", ErrConfig, r.HealthPollWorkers)
+	}
+	if r.StartHold < 0 {
+		return fmt.Errorf("%w: remediation.hold %v: want >= 0", ErrConfig, r.StartHold)
 	}
 	if r.SparesLow < 0 {
 		return fmt.Errorf("%w: remediation.spares.low %d: want >= 0", ErrConfig, r.SparesLow)

@@ -54,6 +54,35 @@
 // total), the raft log's and bbolt's file sizes and the events written (per
 // machine and by kind).
 //
+// Day 2 ([Options.Day2], day2.go; issue 14): the storm's machines are not
+// claimed one by one as they become available; once the whole fleet is
+// inspected, all but Day2.Spares are claimed with POST /v1/machines/claim
+// (role worker, selector fleet=sim; the spares carry the same labels and the
+// default class) and built. Kiln runs with a `remediation:` section whose
+// clocks are compressed (settle, health poll, brake window = Hour/4, no
+// drain). Failures are injected through the vbmc's health knob
+// (vbmc.Server.SetHealth: the system and its chassis Critical and an SEL
+// entry, for good), so Kiln's ladder climbs power_cycle → reinspect →
+// reprovision → erase → rma; the simulated machine answers each power
+// action as a real one does (a power cycle re-netboots it: its disk, or the
+// agent when Kiln set a PXE override; the agent's erase reports a per-disk
+// certificate, agentapi.DiskErase; an rma machine's agent powers it off).
+// BMC actions are counted on the vbmc side (vbmc.Config.OnRequest: each
+// ComputerSystem.Reset POST and boot-override PATCH it served). Mode A:
+// Day2.FailA claimed machines fail evenly over the compressed hour; each must
+// end rma with a spare provisioned in its place (GET /v1/remediation's
+// spare), the brake released. Mode B: Day2.FailB fail at once; the brake must
+// engage, and through Day2.Observe after its engaged_at the vbmc serves no
+// action and the failed machines make no transition:
+//
+//	fleet: 2000 claimed; 40 failed over 1h (compressed to N s); 40 rma, 40 spares provisioned; slowest replacement N s after failure
+//	fleet: 400 of 2000 failed at once; brake engaged (scope site, K failures counted) after N s; BMC actions after brake 0; repaired behind brake 0
+//
+// (The storm's lines of a day-2 run count the spares as unfinished: they are
+// inspected and stay available. Kiln runs with remediation.hold = 2 × the
+// health poll, so a mass failure read over one sweep is counted before any
+// run starts: appliance/lifecycle/DESIGN.md "The brake".)
+//
 // Not simulated: the in-RAM environment is fetched in part and never run;
 // disks are not written (the image's bytes are hashed and dropped); DHCP
 // renewals; UEFI machines. The package imports nothing of Kiln's but the

@@ -68,6 +68,10 @@ type Options struct {
 	DHCPTimeout time.Duration `json:"dhcp_timeout"`
 	// EnrollWorkers is how many BMC enrolments run at once (default 16).
 	EnrollWorkers int `json:"enroll_workers"`
+	// Day2, when set, adds the day-2 phase after the storm (day2.go): the
+	// machines but Day2.Spares are claimed, then failures are injected
+	// through the BMCs' health (mode A, then mode B).
+	Day2 *Day2Options `json:"day2,omitempty"`
 	// Out receives progress lines and the result lines (nil: discard).
 	Out io.Writer `json:"-"`
 }
@@ -96,6 +100,11 @@ func (o *Options) defaults() error {
 	}
 	if o.Out == nil {
 		o.Out = io.Discard
+	}
+	if o.Day2 != nil {
+		if err := o.Day2.defaults(o.N); err != nil {
+			return err
+		}
 	}
 	if o.Work == "" {
 		return fmt.Errorf("fleetsim: Options.Work is required")
@@ -351,8 +360,9 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 		systems = append(systems, vbmc.SystemConfig{ID: strconv.Itoa(m.i + 1), Addr: m.bmc, Serial: m.serial,
 			Manufacturer: fleetVendor, Model: fleetModel, UUID: m.uuid, MACs: []string{m.mac.String()}, Power: m})
 	}
+	acts := &actionLog{}
 	vb, err := vbmc.New(vbmc.Config{Listen: fmt.Sprintf("0.0.0.0:%d", bmcPort), Username: bmcUser, Password: bmcPass,
-		Systems: systems, NoRequestLog: true})
+		Systems: systems, NoRequestLog: true, OnRequest: acts.onRequest})
 	if err != nil {
 		return nil, err
 	}
@@ -423,8 +433,18 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 
 	// Follow the events: each machine that becomes available is provisioned.
 	w := newWatcher(f)
-	go w.follow(runCtx)
-	go w.provisioner(runCtx)
+	tl := &transitionLog{all: map[*machine][]transitionAt{}}
+	if o.Day2 != nil {
+		w.log = tl // and no provisioner: the claim waits for the whole fleet's inspection
+	}
+	if o.Day2 != nil {
+		go w.follow(ctx) // day 2 goes on after the storm's timeout
+	} else {
+		go w.follow(runCtx)
+	}
+	if o.Day2 == nil {
+		go w.provisioner(runCtx)
+	}
 
 	t0 := time.Now()
 	if err := f.enroll(runCtx, bmcPass); err != nil {
@@ -435,7 +455,23 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
-	for !w.finished() {
+	finished := w.finished
+	if o.Day2 != nil {
+		claimN := o.N - o.Day2.Spares
+		claimedYet := false
+		finished = func() bool {
+			if !claimedYet && w.availableN() >= o.N {
+				claimedYet = true
+				if err := f.claimAll(runCtx, w, claimN); err != nil {
+					f.say("%v", err)
+					runCancel()
+				}
+				f.say("fleet: day 2: %d machines claimed (POST /v1/machines/claim), %d spares", claimN, o.Day2.Spares)
+			}
+			return claimedYet && w.provisionedN() >= claimN
+		}
+	}
+	for !finished() {
 		select {
 		case <-runCtx.Done():
 			f.say("fleet: run timeout after %s", o.Timeout)
@@ -465,6 +501,19 @@ done:
 	res.StoreBytes = dirSize(f.k.data)
 	for _, line := range res.Lines() {
 		f.say("%s", line)
+	}
+	if o.Day2 != nil {
+		if runCtx.Err() != nil {
+			return res, fmt.Errorf("fleetsim: the storm did not end in %s: no day 2", o.Timeout)
+		}
+		res.Day2 = &Day2Result{}
+		err := f.day2(ctx, vb, acts, tl, res.Day2)
+		for _, line := range res.Day2.Lines() {
+			f.say("%s", line)
+		}
+		if err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }

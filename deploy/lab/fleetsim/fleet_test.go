@@ -160,3 +160,45 @@ func TestBenchFleetScaling(t *testing.T) {
 	benchline.Print(t, benchline.Line{Name: "fleet_cpu_scaling", Unit: "ratio", Kiln: per[hi] / per[lo],
 		Fields: []benchline.Field{{Key: "largest", Value: strconv.Itoa(hi)}, {Key: "smallest", Value: strconv.Itoa(lo)}, {Key: "goal", Value: "<=1.2"}}})
 }
+
+// TestFleetDay2 (root) is issue 14's day 2 at a small scale against a real
+// kiln serve: 54 machines storm-provisioned through inspection, 50 claimed
+// with POST /v1/machines/claim (4 spares of the same class and labels); then
+// mode A: 2 machines' BMCs report Critical, one after the other over a
+// 20 s compressed hour, and stay Critical — each must climb Kiln's ladder
+// (power cycle, reinspect, reprovision, erase with a certificate) to rma
+// with its claim built on a spare, the brake released; then mode B: 10 of the
+// 50 (20 %) Critical at once — the brake must engage, and after it the vbmc
+// must serve no Reset or boot PATCH and the failed machines must not move.
+func TestFleetDay2(t *testing.T) {
+	testreq.Root(t, "network namespaces and AF_PACKET", "ip", "sysctl")
+	work := t.TempDir()
+	var out strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := fleetsim.Run(ctx, fleetsim.Options{N: 54, Work: work, Prefix: "kfsd" + strconv.Itoa(os.Getpid()%1000),
+		KilnBin: buildKiln(t, work), EnvDir: standInEnv(t), AgentPoll: 500 * time.Millisecond, ImageMiB: 1,
+		Timeout: 90 * time.Second, Out: &out,
+		Day2: &fleetsim.Day2Options{Spares: 4, FailA: 2, FailB: 10, Hour: 20 * time.Second, Settle: time.Second,
+			HealthPoll: time.Second, Timeout: 90 * time.Second}})
+	t.Log(out.String())
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	d := res.Day2
+	if d == nil {
+		t.Fatal("no day-2 result")
+	}
+	if d.Claimed != 50 || d.AFailed != 2 || d.ARMA != 2 || d.ASparesProvisioned != 2 || d.ABrakeEngaged {
+		t.Errorf("mode A: %+v\nwant 50 claimed, 2 failed, 2 rma, 2 spares provisioned, brake released", d)
+	}
+	if !d.BBrakeEngaged || d.BFailed != 10 || d.BActionsAfterBrake != 0 || d.BTransitionsAfter != 0 {
+		t.Errorf("mode B: %+v\nwant 10 failed, brake engaged, 0 BMC actions and 0 transitions after it", d)
+	}
+	if d.AEraseCertificates < 2 || !strings.HasSuffix(d.ALadder, "rma") {
+		t.Errorf("mode A: %d erase certificates, ladder %q: want 2 certificates and a ladder ending rma", d.AEraseCertificates, d.ALadder)
+	}
+	if d.ABMCActions < 2*3 {
+		t.Errorf("mode A: %d BMC actions counted on the vbmc for 2 ladders and 2 spare builds: the count does not see them", d.ABMCActions)
+	}
+}

@@ -78,7 +78,38 @@ bmc:
   retries: 2%s
 lifecycle:
   step_timeout: 10m%s
-`, data, apiAddr, srvIf, ServerIP, bootHTTP, o.EnvDir, filepath.Join(o.Work, "images"), subnetCIDR, poolStart, poolEnd, conc, poll)
+%s`, data, apiAddr, srvIf, ServerIP, bootHTTP, o.EnvDir, filepath.Join(o.Work, "images"), subnetCIDR, poolStart, poolEnd, conc, poll,
+		remediationConfig(o))
+}
+
+// remediationConfig is the `remediation:` section of a day-2 run
+// (appliance/remediation_config.go keys): the ladder's clocks and the brake
+// window compressed by the run's Hour, no drain (no owner answers one), the
+// BMC health poll every Day2.HealthPoll. Empty without Day2.
+func remediationConfig(o Options) string {
+	d := o.Day2
+	if d == nil {
+		return ""
+	}
+	return fmt.Sprintf(`remediation:
+  mode: auto
+  settle: %s
+  hold: %s
+  steps:
+    power_cycle: %s
+    reinspect: %s
+    reprovision: %s
+  drain:
+    timeout: -1s
+  brake:
+    window: %s
+  health:
+    interval: %s
+    workers: %d
+    backoff: %s
+    max_backoff: %s
+`, d.Settle, d.Hold, 10*d.Settle+30*time.Second, 2*time.Minute+o.Timeout/4, 3*time.Minute+o.Timeout/4, d.BrakeWindow, d.HealthPoll,
+		d.HealthWorkers, d.HealthPoll, 5*d.HealthPoll)
 }
 
 // startKiln writes the configuration and starts bin/kiln serve in the

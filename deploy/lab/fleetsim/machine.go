@@ -38,6 +38,8 @@ type machine struct {
 	uuid   string
 	bmc    netip.Addr
 	id     string // Kiln's machine ID, set after the import
+	// claimed: claimed in the day-2 set-up (POST /v1/machines/claim); not a spare.
+	claimed bool
 
 	mu     sync.Mutex
 	on     bool
@@ -54,6 +56,7 @@ type times struct {
 	registered, available, writeStart, writeDone     time.Time
 	verifyStart, verifyDone, rebootReport            time.Time
 	provisioned, failed                              time.Time
+	erased                                           time.Time       // the first erase report (day 2)
 	reports                                          []time.Duration // each agent report's round trip
 	failReason                                       string
 	retries                                          int      // network boots tried again after an error
@@ -119,8 +122,12 @@ func (m *machine) mark(p *time.Time) {
 
 // netbootRetries is how often a machine tries its network boot again after
 // an error (DHCP without an answer, a TFTP or HTTP error) before the
-// simulation records the error and leaves the machine powered on and stuck.
-const netbootRetries = 5
+// simulation records the error and leaves the machine powered on and stuck;
+// the wait between tries grows 2 s, 4 s, … up to 10 s (about 3 min in all,
+// as a PXE ROM looping over its boot order). Five tries 2 s apart were too
+// few when 2,000 machines reboot at once after a day-2 claim: Kiln's TFTP
+// refuses past 256 transfers ("server busy") for longer than that.
+const netbootRetries = 20
 
 // run is one power-on: network boot, then the agent, then (after the build)
 // the reboot's network boot to the local disk, after which the machine runs
@@ -137,7 +144,7 @@ func (m *machine) run(ctx context.Context) {
 			m.t.retries++
 			m.t.retryErrs = append(m.t.retryErrs, err.Error())
 			m.mu.Unlock()
-			if !sleepCtx(ctx, 2*time.Second) {
+			if !sleepCtx(ctx, min(time.Duration(try)*2*time.Second, 10*time.Second)) {
 				return
 			}
 			act, err = m.netboot(ctx, false)
@@ -472,7 +479,8 @@ func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err
 		case agentapi.ActionErase:
 			_ = a.report(ctx, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateStarted})
 			_ = a.report(ctx, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateSucceeded, Progress: 1,
-				Message: "/dev/sda erased by discard; first and last MiB read zeros"})
+				Message: "1 of 1 disks erased", Erase: []agentapi.DiskErase{m.eraseCert()}})
+			m.mark(&m.t.erased)
 		case agentapi.ActionPowerOff:
 			_ = m.PowerOff()
 			return false, nil
@@ -497,6 +505,19 @@ func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err
 		}
 		task = next
 	}
+}
+
+// eraseCert is the erase certificate of the machine's one disk as the real
+// agent reports it for a SATA SSD (cmd/kiln-agent/agent erase: ATA SECURITY
+// ERASE UNIT enhanced, then a sampled read-back). Nothing is written: the
+// simulated disk holds nothing.
+func (m *machine) eraseCert() agentapi.DiskErase {
+	now := time.Now().UTC()
+	return agentapi.DiskErase{Name: "sda", Path: "/dev/sda", Serial: "D" + m.serial, Model: "FS-SSD", SizeBytes: diskBytes,
+		Transport: "ata", Method: agentapi.EraseATASecurityEnhanced, Outcome: agentapi.EraseErased,
+		Reason: "security supported, not frozen, enhanced erase supported", Verification: "sample: 1024 blocks of 4 KiB read zeros",
+		Verified: true, Coverage: 1024 * 4096 / float64(diskBytes), Started: now, Ended: now,
+		Attempts: []agentapi.EraseAttempt{{Method: agentapi.EraseATASecurityEnhanced, Outcome: agentapi.EraseErased}}}
 }
 
 // build reports check, write (the image streamed and hashed, discarded),

@@ -48,10 +48,13 @@ const (
 	MaxMachines = 2044
 )
 
-// bmcAddr is machine i's BMC address (i from 0): 10.97.8.1, 10.97.8.2, …
-// inside bmcRoute, skipping .0 and .255 of each /24 for readability.
+// bmcAddr is machine i's BMC address (i from 0): 10.97.8.1, 10.97.8.2, …,
+// 10.97.8.255, 10.97.9.0, … — consecutive hosts of bmcRoute (a /21: only
+// its first and last address are not hosts). Skipping .0 and .255 of each
+// /24, as this once did, put machines past 2032 outside the route.
 func bmcAddr(i int) netip.Addr {
-	return netip.AddrFrom4([4]byte{10, 97, byte(8 + i/254), byte(1 + i%254)})
+	n := 1 + i // host n of 10.97.8.0/21 (bmcRoute): MaxMachines of them end at 10.97.15.252
+	return netip.AddrFrom4([4]byte{10, 97, byte(8 + n/256), byte(n % 256)})
 }
 
 // lab is the pair of namespaces of one run.

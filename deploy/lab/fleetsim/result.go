@@ -15,6 +15,8 @@ type Result struct {
 	Failed      int `json:"failed"` // failed or quarantined in Kiln
 	// Unfinished machines neither provisioned nor failed when the run ended.
 	Unfinished int `json:"unfinished"`
+	// Day2 is the day-2 phase's result (Options.Day2; nil without it).
+	Day2 *Day2Result `json:"day2,omitempty"`
 	// Seconds is from the first power-on to the last provisioned.
 	Seconds float64 `json:"seconds"`
 	// WallSeconds is from the import to the end of the run.

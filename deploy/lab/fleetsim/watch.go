@@ -20,6 +20,8 @@ type watcher struct {
 	mu                          sync.Mutex
 	provisioned, failed, availN int
 	done                        map[string]bool
+	// log, when set (day 2), receives every transition.
+	log *transitionLog
 }
 
 func newWatcher(f *fleet) *watcher {
@@ -30,6 +32,19 @@ func (w *watcher) finished() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.done) >= len(w.f.machines)
+}
+
+// availableN is how many machines have been available at least once.
+func (w *watcher) availableN() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.availN
+}
+
+func (w *watcher) provisionedN() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.provisioned
 }
 
 func (w *watcher) counts() (provisioned, failed, available int) {
@@ -79,6 +94,9 @@ func (w *watcher) follow(ctx context.Context) {
 }
 
 func (w *watcher) transition(m *machine, to, why string, at time.Time) {
+	if w.log != nil {
+		w.log.add(m, to, at)
+	}
 	m.mu.Lock()
 	var first bool
 	switch to {

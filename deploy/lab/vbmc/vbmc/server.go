@@ -101,6 +101,10 @@ type Config struct {
 	Systems []SystemConfig
 	// NoRequestLog leaves Requests empty (a fleet's BMC would keep every request).
 	NoRequestLog bool
+	// OnRequest, when set, is called after each handled request (with or without
+	// NoRequestLog), from the request's goroutine: a fleet counts BMC actions with it.
+	// It must not block.
+	OnRequest func(Request)
 }
 
 // Boot is one power-on of a system.
@@ -655,6 +659,9 @@ func (s *Server) handler() http.Handler {
 			s.mu.Lock()
 			s.reqs = append(s.reqs, Request{Method: r.Method, Path: r.URL.Path, Status: sw.status, BootKeys: *keys})
 			s.mu.Unlock()
+		}
+		if s.cfg.OnRequest != nil {
+			s.cfg.OnRequest(Request{Method: r.Method, Path: r.URL.Path, Status: sw.status, BootKeys: *keys})
 		}
 	})
 }

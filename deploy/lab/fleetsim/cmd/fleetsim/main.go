@@ -8,6 +8,13 @@
 // required (network namespaces). From the repository root, after `make build env`:
 //
 //	go run ./deploy/lab/fleetsim/cmd/fleetsim -n 50      (or: make fleet N=50)
+//
+// With -day2 the run goes on after the storm (issue 14): all machines but
+// -spares are claimed, then 2 % fail over a compressed hour (each must end
+// rma with a spare provisioned in its place) and then 20 % at once (the
+// brake must engage, with no BMC action and no repair behind it):
+//
+//	go run ./deploy/lab/fleetsim/cmd/fleetsim -n 2044 -day2 -spares 44 -hour 120s   (or: make fleet N=2044 DAY2=1)
 package main
 
 import (
@@ -54,7 +61,18 @@ func run() error {
 	flag.IntVar(&o.BMCConcurrency, "bmc-concurrency", 0, "Kiln's bmc.concurrency (0: Kiln's default)")
 	flag.DurationVar(&o.Timeout, "timeout", 0, "bound of the run (default 5 min + 0.5 s per machine)")
 	flag.StringVar(&jsonOut, "json", "", "also write the result as JSON to this file")
+	var day2 fleetsim.Day2Options
+	day2On := flag.Bool("day2", false, "after the storm, the day-2 phase: claim all but -spares, then mode A (2 % fail over -hour) and mode B (20 % at once)")
+	flag.IntVar(&day2.Spares, "spares", 0, "day 2: machines left unclaimed (default 2 % of the claimed + 2)")
+	flag.IntVar(&day2.FailA, "fail-a", 0, "day 2: machines failing over the compressed hour (default 2 % of the claimed)")
+	flag.IntVar(&day2.FailB, "fail-b", 0, "day 2: machines failing at once (default 20 % of the claimed)")
+	flag.DurationVar(&day2.Hour, "hour", 0, "day 2: the compressed hour mode A's failures spread over (default 60s)")
+	flag.DurationVar(&day2.HealthPoll, "health-poll", 0, "day 2: Kiln's remediation.health.interval (default 2s)")
+	flag.DurationVar(&day2.Hold, "hold", 0, "day 2: Kiln's remediation.hold (default 2 × health-poll; negative: none)")
 	flag.Parse()
+	if *day2On {
+		o.Day2 = &day2
+	}
 	abs := func(p *string) {
 		if a, err := filepath.Abs(*p); err == nil {
 			*p = a
