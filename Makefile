@@ -47,8 +47,8 @@ bench: build env ## Benchmarks (bench: lines, a peer measured in the same run or
 	@! grep -qE '^(--- FAIL|FAIL)' bench.log
 
 N ?= 50
-fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root)
-	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT))
+fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root); FLEET_ARGS="-nodes 3 -kill-leader-at 40s" for a 3-node storm with the leader killed
+	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT)) $(FLEET_ARGS)
 
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); failing inputs land in testdata/fuzz/
 	FUZZTIME=$(FUZZTIME) GO=$(GO) deploy/scripts/fuzz.sh

@@ -54,7 +54,7 @@ func (w *watcher) follow(ctx context.Context) {
 			Next uint64 `json:"next"`
 		}
 		q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}, "wait": {"20s"}}
-		if err := w.f.k.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
+		if err := w.f.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
 			if ctx.Err() == nil {
 				w.f.say("fleet: events: %v", err)
 				sleepCtx(ctx, time.Second)
@@ -143,7 +143,7 @@ func (w *watcher) provisioner(ctx context.Context) {
 				case m := <-w.avail:
 					body := map[string]any{"claim": map[string]any{"image": w.f.imageID, "hostname": m.name,
 						"role": "worker", "labels": map[string]string{"fleet": "sim"}}, "reason": "fleet"}
-					if err := w.f.k.do(ctx, "POST", "/v1/machines/"+m.id+"/provision", nil, body, "", nil); err != nil && ctx.Err() == nil {
+					if err := w.f.do(ctx, "POST", "/v1/machines/"+m.id+"/provision", nil, body, "", nil); err != nil && ctx.Err() == nil {
 						m.setErr(err)
 						w.f.say("fleet: provision %s: %v", m.name, err)
 					}
