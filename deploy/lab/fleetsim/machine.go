@@ -440,8 +440,8 @@ func (a *agentConn) call(ctx context.Context, method, path string, in, out any) 
 	delay := 500 * time.Millisecond
 	var last error
 	tries := 6
-	if len(a.eps) > 1 {
-		tries = 12 // a site cluster: ride out an election
+	if a.m.f.o.Nodes > 1 {
+		tries = 12 // a site cluster: ride out an election and a node's restart
 	}
 	for try := 0; try < tries; try++ {
 		if try > 0 && !sleepCtx(ctx, delay) {
