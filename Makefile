@@ -48,8 +48,8 @@ bench: build env ## Benchmarks (bench: lines, a peer measured in the same run or
 
 N ?= 50
 DAY2 ?=
-fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root); DAY2=1 adds the day-2 failures
-	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT)) $(if $(DAY2),-day2)
+fleet: build env ## Fleet simulator: N simulated machines (default 50) booted and provisioned by a real kiln serve (root); DAY2=1 adds the day-2 failures; FLEET_ARGS="-nodes 3 -kill-leader-at 40s" a 3-node storm with the leader killed
+	$(GO) run ./deploy/lab/fleetsim/cmd/fleetsim -n $(N) -kiln $(abspath $(BIN)/kiln) -env $(abspath $(ENV_OUT)) $(if $(DAY2),-day2) $(FLEET_ARGS)
 
 LEASECHECK_DURATION ?= 5m
 LEASECHECK_CLIENTS  ?= 2000

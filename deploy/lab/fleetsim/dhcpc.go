@@ -169,7 +169,14 @@ func (c *dhcpClient) exchange(ctx context.Context, mac net.HardwareAddr, req *dh
 		c.mu.Unlock()
 	}()
 	wait := time.Second
-	for {
+	t0 := time.Now()
+	for first := true; ; first = false {
+		if !first {
+			// As PXE firmware does: secs (RFC 2131 §2) is the time since the
+			// client began; with several servers, those that do not own the
+			// client (RFC 3074) answer once it has waited (dhcp/balance.go).
+			req.NumSeconds = uint16(min(time.Since(t0)/time.Second, 0xffff))
+		}
 		if err := c.send(mac, req); err != nil {
 			return nil, fmt.Errorf("dhcp: send %s: %w", req.MessageType(), err)
 		}

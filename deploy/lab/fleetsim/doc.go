@@ -82,6 +82,28 @@
 // inspected and stay available. Kiln runs with remediation.hold = 2 × the
 // health poll, so a mass failure read over one sweep is counted before any
 // run starts: appliance/lifecycle/DESIGN.md "The brake".)
+
+// A storm with a fault (Options.Nodes 3, KillLeaderAt; cmd/fleetsim
+// -nodes 3 -kill-leader-at D): three kiln serve nodes, each in its own
+// namespace PREFIX-nK on one bridge with the machines (the HA lab's layout,
+// deploy/lab/e2e/halab.go): node 1 bootstraps, nodes 2 and 3 join with
+// one-time tokens (mutual TLS), every node serves DHCP (RFC 3074 balancing:
+// the simulated clients' secs field grows on retransmission as firmware's
+// does), TFTP and HTTP, and lists the others in boot.peer_http_addrs. The
+// REST client and each machine's agent fail over as the real ones do (the
+// agent across kiln.url and Task.Endpoints on a transport error or a
+// 502/503/504; the image from the same path on another node). D after the
+// import begins the raft leader gets SIGKILL; it is started again Down (5 s)
+// later. At the end the run checks, on every node: each machine provisioned
+// in its store, no machine with two transitions to provisioned in its event
+// log, and no address bound to two MACs in its leases (GET /v1/leases), nor
+// across the nodes, nor in the ACKs the machines received, and prints
+//
+//	fleet: N provisioned, F failed in S s on 3 nodes; leader killed at T s; provisioned twice P; duplicate addresses D
+//
+// (T from the import's start) with a line on the kill, the election and each
+// node's counts. CPU is then the sum over the nodes' current processes (a
+// restarted node's from its restart), RSS the largest, the store node 1's.
 //
 // Not simulated: the in-RAM environment is fetched in part and never run;
 // disks are not written (the image's bytes are hashed and dropped); DHCP

@@ -72,6 +72,16 @@ type Options struct {
 	// machines but Day2.Spares are claimed, then failures are injected
 	// through the BMCs' health (mode A, then mode B).
 	Day2 *Day2Options `json:"day2,omitempty"`
+	// Nodes is how many `kiln serve` nodes run, as one site cluster (1 or 3;
+	// default 1). With 3, the nodes are in namespaces PREFIX-n1..n3 on one
+	// bridge (netns.go), join with one-time tokens over mutual TLS, and the
+	// machines' agents fail over across agentapi.Task.Endpoints.
+	Nodes int `json:"nodes"`
+	// KillLeaderAt (Nodes > 1): this long after the import starts, the raft
+	// leader gets SIGKILL; it is started again Down later (default 5 s). The
+	// run then checks every node's store and leases (checkCluster).
+	KillLeaderAt time.Duration `json:"kill_leader_at"`
+	Down         time.Duration `json:"down"`
 	// Out receives progress lines and the result lines (nil: discard).
 	Out io.Writer `json:"-"`
 }
@@ -100,6 +110,18 @@ func (o *Options) defaults() error {
 	}
 	if o.Out == nil {
 		o.Out = io.Discard
+	}
+	if o.Nodes <= 0 {
+		o.Nodes = 1
+	}
+	if o.Nodes != 1 && o.Nodes != 3 {
+		return fmt.Errorf("fleetsim: Nodes=%d: want 1 or 3", o.Nodes)
+	}
+	if o.KillLeaderAt != 0 && o.Nodes == 1 {
+		return fmt.Errorf("fleetsim: KillLeaderAt needs Nodes 3 (a single node has no one to fail over to)")
+	}
+	if o.Down <= 0 {
+		o.Down = 5 * time.Second
 	}
 	if o.Day2 != nil {
 		if err := o.Day2.defaults(o.N); err != nil {
@@ -134,7 +156,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := os.MkdirAll(o.Work, 0o755); err != nil {
 		return nil, err
 	}
-	l, err := setupLab(o.Prefix)
+	var l *lab
+	var err error
+	if o.Nodes > 1 {
+		l, err = setupHALab(o.Prefix, o.Nodes)
+	} else {
+		l, err = setupLab(o.Prefix)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +243,8 @@ func ChildMain() {
 type fleet struct {
 	ctx      context.Context
 	o        Options
-	k        *kiln
+	k        *kiln   // nodes[0]: the node whose process figures a run reports
+	nodes    []*kiln // every node of the site cluster
 	dhcp     *dhcpClient
 	machines []*machine
 	byID     map[string]*machine
@@ -223,6 +252,9 @@ type fleet struct {
 
 	mu      sync.Mutex
 	clients map[netip.Addr]*http.Client
+	cur     int                            // the node f.do tries first
+	acks    map[netip.Addr]map[string]bool // address -> MACs it was ACKed to
+	ackN    int                            // ACKs received
 }
 
 func dialerFrom(ip netip.Addr) *net.Dialer {
@@ -279,7 +311,21 @@ func (f *fleet) rangeGet(ctx context.Context, hc *http.Client, u string, n int64
 
 // download streams the image with the agent's token into SHA-256 and
 // discards it, sending a running heartbeat halfway and every Task.Heartbeat.
-func (f *fleet) download(ctx context.Context, a *agentConn, u string) (string, int64, error) {
+// On an error it starts again from the image's start on the next of
+// a.imageURLs (the same image on each other node), a round over them at most.
+func (f *fleet) download(ctx context.Context, a *agentConn, u string) (sum string, n int64, err error) {
+	a.m.mu.Lock()
+	a.m.t.downloads++
+	a.m.mu.Unlock()
+	for _, v := range a.imageURLs(u) {
+		if sum, n, err = f.download1(ctx, a, v); err == nil || ctx.Err() != nil {
+			return sum, n, err
+		}
+	}
+	return sum, n, err
+}
+
+func (f *fleet) download1(ctx context.Context, a *agentConn, u string) (string, int64, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", u, nil)
 	if err != nil {
 		return "", 0, err
@@ -345,7 +391,7 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 		f.machines = append(f.machines, m)
 	}
 	var err error
-	if f.dhcp, err = newDHCPClient(lanIf); err != nil {
+	if f.dhcp, err = newDHCPClient(dhcpIf(o.Nodes)); err != nil {
 		return nil, err
 	}
 	defer f.dhcp.Close()
@@ -377,13 +423,35 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.k, err = startKiln(ctx, o, &lab{srv: o.Prefix + "-srv", lan: o.Prefix + "-lan"})
-	if err != nil {
+	l := &lab{srv: o.Prefix + "-srv", lan: o.Prefix + "-lan", nodes: []string{o.Prefix + "-srv"}}
+	if o.Nodes > 1 {
+		l.nodes = nil
+		for i := 0; i < o.Nodes; i++ {
+			l.nodes = append(l.nodes, fmt.Sprintf("%s-n%d", o.Prefix, i+1))
+		}
+	}
+	f.nodes = newNodes(o, l)
+	f.k = f.nodes[0]
+	defer func() {
+		for _, k := range f.nodes {
+			k.stop()
+		}
+	}()
+	if err := startNodes(ctx, o, f.nodes); err != nil {
 		return nil, err
 	}
-	defer f.k.stop()
-	f.say("fleet: kiln pid %d ready (API %s, boot %s); %d machines, BMCs %s..%s:%d", f.k.pid, apiAddr, bootHTTP, o.N,
-		bmcAddr(0), bmcAddr(o.N-1), bmcPort)
+	if o.Nodes > 1 {
+		for deadline := time.Now().Add(60 * time.Second); f.leader(ctx) == nil; {
+			if time.Now().After(deadline) || !sleepCtx(ctx, 300*time.Millisecond) {
+				return nil, errors.New("fleetsim: no raft leader 60 s after the nodes started")
+			}
+		}
+		f.say("fleet: %d kiln nodes ready (API and boot on %s..%s); %d machines, BMCs %s..%s:%d", o.Nodes, nodeIP(0), nodeIP(o.Nodes-1),
+			o.N, bmcAddr(0), bmcAddr(o.N-1), bmcPort)
+	} else {
+		f.say("fleet: kiln pid %d ready (API %s, boot %s); %d machines, BMCs %s..%s:%d", f.k.pid, apiAddr, bootHTTP, o.N,
+			bmcAddr(0), bmcAddr(o.N-1), bmcPort)
+	}
 
 	var im struct {
 		ID string `json:"id"`
@@ -393,17 +461,19 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	q := url.Values{"name": {"fleet-image"}, "version": {"1"}, "sha256": {sum}, "format": {"raw"}}
-	err = f.k.do(ctx, "POST", "/v1/images", q, imgFile, "application/octet-stream", &im)
+	err = f.do(ctx, "POST", "/v1/images", q, imgFile, "application/octet-stream", &im)
 	imgFile.Close()
 	if err != nil {
 		return nil, err
 	}
 	f.imageID = im.ID
-
-	before, err := readProc(f.k.pid)
-	if err != nil {
-		return nil, err
+	if o.Nodes > 1 {
+		if err := f.imageEverywhere(ctx); err != nil {
+			return nil, err
+		}
 	}
+
+	before := f.procAll()
 	runCtx, runCancel := context.WithTimeout(ctx, o.Timeout)
 	defer runCancel()
 	start := time.Now()
@@ -419,7 +489,7 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 		Created int      `json:"created"`
 		IDs     []string `json:"ids"`
 	}
-	if err := f.k.do(runCtx, "POST", "/v1/machines/import", url.Values{"format": {"csv"}}, strings.NewReader(plan.String()), "text/csv", &ir); err != nil {
+	if err := f.do(runCtx, "POST", "/v1/machines/import", url.Values{"format": {"csv"}}, strings.NewReader(plan.String()), "text/csv", &ir); err != nil {
 		return nil, err
 	}
 	if ir.Created != o.N || len(ir.IDs) != o.N {
@@ -453,6 +523,13 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 	res.EnrollSeconds = time.Since(t0).Seconds()
 	f.say("fleet: enrolled %d BMCs in %.1f s", o.N, res.EnrollSeconds)
 
+	killErr := make(chan error, 1)
+	if o.KillLeaderAt > 0 {
+		go func() { killErr <- f.killLeader(runCtx, start, res) }()
+	} else {
+		killErr <- nil
+	}
+
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 	finished := w.finished
@@ -484,11 +561,15 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 	}
 done:
 	end := time.Now()
-	after, err := readProc(f.k.pid)
-	if err != nil {
-		return nil, err
+	if err := <-killErr; err != nil {
+		res.Problems = append(res.Problems, "leader kill: "+err.Error())
 	}
+	after := f.procAll()
 	res.fill(f, w, before, after, start, end)
+	res.Nodes = o.Nodes
+	if o.Nodes > 1 {
+		f.checkCluster(ctx, res)
+	}
 	if err := f.countEvents(ctx, res); err != nil {
 		return nil, err
 	}
@@ -499,6 +580,7 @@ done:
 	}
 	res.RaftBytes, res.FSMBytes = storeFiles(f.k.data)
 	res.StoreBytes = dirSize(f.k.data)
+
 	for _, line := range res.Lines() {
 		f.say("%s", line)
 	}
@@ -537,7 +619,7 @@ func (f *fleet) mapIDs(ctx context.Context) error {
 		if after != "" {
 			q.Set("after", after)
 		}
-		if err := f.k.do(ctx, "GET", "/v1/machines", q, nil, "", &ml); err != nil {
+		if err := f.do(ctx, "GET", "/v1/machines", q, nil, "", &ml); err != nil {
 			return err
 		}
 		for _, it := range ml.Items {
@@ -570,7 +652,7 @@ func (f *fleet) enroll(ctx context.Context, pass string) error {
 			for m := range jobs {
 				body := map[string]any{"address": fmt.Sprintf("%s:%d", m.bmc, bmcPort), "driver": "redfish",
 					"username": bmcUser, "password": pass, "insecure_tls": true}
-				if err := f.k.do(ctx, "POST", "/v1/machines/"+m.id+"/bmc", nil, body, "", nil); err != nil {
+				if err := f.do(ctx, "POST", "/v1/machines/"+m.id+"/bmc", nil, body, "", nil); err != nil {
 					errc <- fmt.Errorf("enroll %s: %w", m.name, err)
 				}
 			}
@@ -583,6 +665,22 @@ func (f *fleet) enroll(ctx context.Context, pass string) error {
 	wg.Wait()
 	close(errc)
 	return <-errc // nil when none
+}
+
+// procAll is the CPU time (summed) and the largest peak RSS of the nodes'
+// current processes; a node killed and restarted counts from its restart.
+func (f *fleet) procAll() procStat {
+	var ps procStat
+	for _, k := range f.nodes {
+		k.mu.Lock()
+		pid := k.pid
+		k.mu.Unlock()
+		if p, err := readProc(pid); err == nil {
+			ps.CPU += p.CPU
+			ps.PeakRSS = max(ps.PeakRSS, p.PeakRSS)
+		}
+	}
+	return ps
 }
 
 func (f *fleet) simErrors() int {
@@ -611,7 +709,7 @@ func (f *fleet) countEvents(ctx context.Context, res *Result) error {
 			Next uint64 `json:"next"`
 		}
 		q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}}
-		if err := f.k.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
+		if err := f.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
 			return err
 		}
 		if len(el.Events) == 0 {

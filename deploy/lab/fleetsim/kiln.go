@@ -14,32 +14,48 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
 // apiAddr is Kiln's REST API, on its provisioning address so the simulator
-// reaches it from the machines' namespace.
+// reaches it from the machines' namespace (node 0's in a cluster).
 const (
 	apiAddr  = ServerIP + ":7480"
 	bootHTTP = ServerIP + ":8080"
 )
 
-// kiln is the `kiln serve` process of a run and a plain-HTTP client of its
-// REST API (the admin token of the run's data directory).
+// kiln is one `kiln serve` process of a run (one node of a cluster) and a
+// plain-HTTP client of its REST API (the admin token of its data directory).
 type kiln struct {
-	cmd     *exec.Cmd
-	pid     int
+	i       int    // node index, from 0
+	id      string // node_id
+	ns      string // network namespace
+	ip      string // provisioning address (API on :7480, raft :7481, forward :7482, boot :8080)
+	bin     string
+	cfgPath string
 	data    string
 	logPath string
 	token   string
 	http    *http.Client
-	exited  chan struct{}
+	starts  int
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	pid    int
+	exited chan struct{} // closed when the current process has exited
 }
 
-// kilnConfig is the appliance configuration of a run (appliance/config.go
+func (k *kiln) api() string { return k.ip + ":7480" }
+
+// kilnConfig is the appliance configuration of one node (appliance/config.go
 // keys): the lab's provisioning interface and a DHCP pool that holds
-// MaxMachines, the BMC limits, and the agent's poll interval.
-func kilnConfig(o Options, data string) string {
+// MaxMachines, the BMC limits, and the agent's poll interval. With more than
+// one node (all), each node's raft and forward RPC listen on its address, the
+// first bootstraps and the others join it with a one-time token, and every
+// node lists the others' boot listeners (boot.peer_http_addrs: agents fail
+// over to them, agentapi.Task.Endpoints), as the HA lab's nodes do.
+func kilnConfig(o Options, k *kiln, all []*kiln, join []string, token string) string {
 	poll := ""
 	if o.AgentPoll > 0 {
 		poll = "\n  agent_poll_after: " + o.AgentPoll.String()
@@ -48,20 +64,34 @@ func kilnConfig(o Options, data string) string {
 	if o.BMCConcurrency > 0 {
 		conc = "\n  concurrency: " + strconv.Itoa(o.BMCConcurrency)
 	}
-	return fmt.Sprintf(`node_id: kiln-fleet
+	raft := "  addr: 127.0.0.1:7481\n  forward_addr: 127.0.0.1:7482\n  bootstrap: true\n"
+	peers := ""
+	if len(all) > 1 {
+		raft = fmt.Sprintf("  addr: %s:7481\n  forward_addr: %s:7482\n", k.ip, k.ip)
+		if len(join) == 0 {
+			raft += "  bootstrap: true\n"
+		} else {
+			raft += fmt.Sprintf("  bootstrap: false\n  join: [\"%s\"]\n  join_token: %s\n", strings.Join(join, `", "`), token)
+		}
+		var ps []string
+		for _, p := range all {
+			if p != k {
+				ps = append(ps, `"`+p.ip+`:8080"`)
+			}
+		}
+		peers = "\n  peer_http_addrs: [" + strings.Join(ps, ", ") + "]"
+	}
+	return fmt.Sprintf(`node_id: %s
 data_dir: %s
 log:
   level: warn
 api:
   addr: %s
 raft:
-  addr: 127.0.0.1:7481
-  forward_addr: 127.0.0.1:7482
-  bootstrap: true
-boot:
+%sboot:
   interface: %s
   server_ip: %s
-  http_addr: %s
+  http_addr: %s:8080%s
   env_dir: %s
   image_dir: %s
   unknown_machines: exit
@@ -78,8 +108,8 @@ bmc:
   retries: 2%s
 lifecycle:
   step_timeout: 10m%s
-%s`, data, apiAddr, srvIf, ServerIP, bootHTTP, o.EnvDir, filepath.Join(o.Work, "images"), subnetCIDR, poolStart, poolEnd, conc, poll,
-		remediationConfig(o))
+%s`, k.id, k.data, k.api(), raft, srvIf, k.ip, k.ip, peers, o.EnvDir, filepath.Join(filepath.Dir(k.data), "images"),
+		subnetCIDR, poolStart, poolEnd, conc, poll, remediationConfig(o))
 }
 
 // remediationConfig is the `remediation:` section of a day-2 run
@@ -112,63 +142,153 @@ func remediationConfig(o Options) string {
 		d.HealthWorkers, d.HealthPoll, 5*d.HealthPoll)
 }
 
-// startKiln writes the configuration and starts bin/kiln serve in the
-// server namespace; it returns once /readyz answers 200.
-func startKiln(ctx context.Context, o Options, l *lab) (*kiln, error) {
-	data := filepath.Join(o.Work, "kiln-data")
-	if err := os.RemoveAll(data); err != nil {
-		return nil, err
+// newNodes are the run's nodes (not started): one named kiln-fleet with its
+// data in WORK/kiln-data, or Nodes named kiln-nK with theirs in WORK/nK.
+func newNodes(o Options, l *lab) []*kiln {
+	var out []*kiln
+	for i, ns := range l.nodes {
+		k := &kiln{i: i, id: "kiln-fleet", ns: ns, ip: ServerIP, bin: o.KilnBin, data: filepath.Join(o.Work, "kiln-data"),
+			cfgPath: filepath.Join(o.Work, "kiln.yaml"), logPath: filepath.Join(o.Work, "kiln.log"),
+			http: &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, Proxy: nil}}}
+		if len(l.nodes) > 1 {
+			dir := filepath.Join(o.Work, fmt.Sprintf("n%d", i+1))
+			k.id, k.ip = fmt.Sprintf("kiln-n%d", i+1), nodeIP(i)
+			k.data, k.cfgPath, k.logPath = filepath.Join(dir, "data"), filepath.Join(dir, "kiln.yaml"), filepath.Join(dir, "kiln.log")
+		}
+		out = append(out, k)
 	}
-	cfgPath := filepath.Join(o.Work, "kiln.yaml")
-	if err := os.WriteFile(cfgPath, []byte(kilnConfig(o, data)), 0o644); err != nil {
-		return nil, err
+	return out
+}
+
+// startNodes writes each node's configuration and starts it, in order: node
+// 0 bootstraps, each further node joins with a one-time token node 0 makes
+// (POST /v1/cluster/tokens). It returns once every node's /readyz answers.
+func startNodes(ctx context.Context, o Options, nodes []*kiln) error {
+	var join []string
+	for i, k := range nodes {
+		if err := os.RemoveAll(filepath.Dir(k.data) + "/images"); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(k.data); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(k.cfgPath), 0o755); err != nil {
+			return err
+		}
+		token := ""
+		if i > 0 {
+			var jt struct {
+				Token string `json:"token"`
+			}
+			if err := nodes[0].do(ctx, "POST", "/v1/cluster/tokens", nil, map[string]string{"ttl": "15m"}, "", &jt); err != nil {
+				return fmt.Errorf("fleetsim: join token for %s: %w", k.id, err)
+			}
+			token = jt.Token
+		}
+		if err := os.WriteFile(k.cfgPath, []byte(kilnConfig(o, k, nodes, join, token)), 0o600); err != nil {
+			return err
+		}
+		if err := k.start(); err != nil {
+			return err
+		}
+		if err := k.waitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+		join = append(join, k.ip+":7482")
 	}
-	k := &kiln{data: data, logPath: filepath.Join(o.Work, "kiln.log"), exited: make(chan struct{}),
-		http: &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, Proxy: nil}}}
-	logf, err := os.Create(k.logPath)
+	return nil
+}
+
+// start runs the node's process in its namespace (the log appended to across restarts).
+func (k *kiln) start() error {
+	logf, err := os.OpenFile(k.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	k.starts++
+	fmt.Fprintf(logf, "==== start %d at %s\n", k.starts, time.Now().UTC().Format(time.RFC3339Nano))
 	// ip netns exec execs kiln in place: the process's PID is kiln's.
-	k.cmd = exec.Command("ip", "netns", "exec", l.srv, o.KilnBin, "serve", "--config", cfgPath)
-	k.cmd.Stdout, k.cmd.Stderr = logf, logf
-	if err := k.cmd.Start(); err != nil {
+	cmd := exec.Command("ip", "netns", "exec", k.ns, k.bin, "serve", "--config", k.cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("fleetsim: start %s: %w", o.KilnBin, err)
+		return fmt.Errorf("fleetsim: start %s: %w", k.bin, err)
 	}
-	k.pid = k.cmd.Process.Pid
-	go func() { _ = k.cmd.Wait(); logf.Close(); close(k.exited) }()
-	deadline := time.Now().Add(30 * time.Second)
+	exited := make(chan struct{})
+	k.mu.Lock()
+	k.cmd, k.pid, k.exited = cmd, cmd.Process.Pid, exited
+	k.mu.Unlock()
+	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
+	return nil
+}
+
+// running reports whether the node's current process has not exited.
+func (k *kiln) running() bool {
+	k.mu.Lock()
+	ch := k.exited
+	k.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return false
+	default:
+		return true
+	}
+}
+
+// waitReady waits until the node's admin token exists and /readyz answers 200.
+func (k *kiln) waitReady(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	k.mu.Lock()
+	exited := k.exited
+	k.mu.Unlock()
 	for {
-		if b, err := os.ReadFile(filepath.Join(data, "admin.token")); err == nil && len(bytes.TrimSpace(b)) > 0 {
+		if b, err := os.ReadFile(filepath.Join(k.data, "admin.token")); err == nil && len(bytes.TrimSpace(b)) > 0 {
 			k.token = string(bytes.TrimSpace(b))
 			if err := k.do(ctx, "GET", "/readyz", nil, nil, "", nil); err == nil {
-				return k, nil
+				return nil
 			}
 		}
 		select {
-		case <-k.exited:
-			return nil, fmt.Errorf("fleetsim: kiln exited at start (see %s)", k.logPath)
+		case <-exited:
+			return fmt.Errorf("fleetsim: %s exited at start (see %s)", k.id, k.logPath)
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("fleetsim: kiln not ready in 30 s (see %s)", k.logPath)
+			return fmt.Errorf("fleetsim: %s not ready in %s (see %s)", k.id, d, k.logPath)
 		}
 	}
 }
 
-func (k *kiln) stop() {
-	if k == nil || k.cmd.Process == nil {
+// kill sends SIGKILL to the node's process and waits for it to end.
+func (k *kiln) kill() {
+	k.mu.Lock()
+	cmd, exited := k.cmd, k.exited
+	k.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
 		return
 	}
-	_ = k.cmd.Process.Signal(os.Interrupt)
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+func (k *kiln) stop() {
+	k.mu.Lock()
+	cmd, exited := k.cmd, k.exited
+	k.mu.Unlock()
+	if k == nil || cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
 	select {
-	case <-k.exited:
+	case <-exited:
 	case <-time.After(10 * time.Second):
-		_ = k.cmd.Process.Kill()
-		<-k.exited
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
@@ -199,7 +319,7 @@ func (k *kiln) do(ctx context.Context, method, path string, q url.Values, body a
 		}
 		rd, ctype = bytes.NewReader(buf), "application/json"
 	}
-	u := "http://" + apiAddr + path
+	u := "http://" + k.api() + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +62,7 @@ type times struct {
 	failReason                                       string
 	retries                                          int      // network boots tried again after an error
 	retryErrs                                        []string // their errors
+	downloads                                        int      // image downloads begun
 }
 
 const (
@@ -276,7 +278,14 @@ func (m *machine) dora(ctx context.Context, opts []dhcpv4.Modifier) (*dhcpv4.DHC
 	if err != nil {
 		return nil, err
 	}
-	return m.f.dhcp.exchange(dctx, m.mac, req, dhcpv4.MessageTypeAck)
+	ack, err := m.f.dhcp.exchange(dctx, m.mac, req, dhcpv4.MessageTypeAck)
+	if err != nil {
+		return nil, err
+	}
+	if ip, ok := netip.AddrFromSlice(ack.YourIPAddr.To4()); ok && !ip.IsUnspecified() {
+		m.f.recordAck(m.mac.String(), ip)
+	}
+	return ack, nil
 }
 
 func (m *machine) tftp(ip netip.Addr, server, file string) error {
@@ -380,8 +389,51 @@ func (m *machine) script(ctx context.Context, hc *http.Client, u string) (bootAc
 type agentConn struct {
 	m     *machine
 	hc    *http.Client
-	url   string
 	token string
+
+	// eps are the appliance URLs: kiln.url first, then Task.Endpoints as
+	// tasks bring them (no duplicates); cur is the one in use. As
+	// cmd/kiln-agent/agent does, a call that finds no answer (a transport
+	// error, 502/503/504) moves on to the next.
+	eps []string
+	cur int
+}
+
+func (a *agentConn) base() string { return a.eps[a.cur] }
+
+func (a *agentConn) addEndpoints(urls []string) {
+	for _, u := range urls {
+		u = strings.TrimRight(u, "/")
+		if u == "" || slices.Contains(a.eps, u) {
+			continue
+		}
+		a.eps = append(a.eps, u)
+	}
+}
+
+// failover moves to the next endpoint if from is still the current one.
+func (a *agentConn) failover(from string) {
+	if len(a.eps) > 1 && a.eps[a.cur] == from {
+		a.cur = (a.cur + 1) % len(a.eps)
+	}
+}
+
+// imageURLs is u, then u on each other endpoint (the same path).
+func (a *agentConn) imageURLs(u string) []string {
+	for _, e := range a.eps {
+		rest, ok := strings.CutPrefix(u, e)
+		if !ok || (rest != "" && rest[0] != '/') {
+			continue
+		}
+		out := []string{u}
+		for _, o := range a.eps {
+			if o != e {
+				out = append(out, o+rest)
+			}
+		}
+		return out
+	}
+	return []string{u}
 }
 
 func (a *agentConn) call(ctx context.Context, method, path string, in, out any) error {
@@ -394,13 +446,18 @@ func (a *agentConn) call(ctx context.Context, method, path string, in, out any) 
 	}
 	delay := 500 * time.Millisecond
 	var last error
-	for try := 0; try < 6; try++ {
+	tries := 6
+	if a.m.f.o.Nodes > 1 {
+		tries = 12 // a site cluster: ride out an election and a node's restart
+	}
+	for try := 0; try < tries; try++ {
 		if try > 0 && !sleepCtx(ctx, delay) {
 			return ctx.Err()
 		}
 		delay = min(2*delay, 10*time.Second)
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		req, err := http.NewRequestWithContext(cctx, method, a.url+path, bytes.NewReader(body))
+		base := a.base()
+		req, err := http.NewRequestWithContext(cctx, method, base+path, bytes.NewReader(body))
 		if err != nil {
 			cancel()
 			return err
@@ -414,6 +471,7 @@ func (a *agentConn) call(ctx context.Context, method, path string, in, out any) 
 		if err != nil {
 			cancel()
 			last = err
+			a.failover(base)
 			continue
 		}
 		rb, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -427,6 +485,9 @@ func (a *agentConn) call(ctx context.Context, method, path string, in, out any) 
 			last = fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(rb))
 			if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != 429 && resp.StatusCode != 408 {
 				return last
+			}
+			if resp.StatusCode == 502 || resp.StatusCode == 503 || resp.StatusCode == 504 {
+				a.failover(base)
 			}
 			continue
 		}
@@ -462,7 +523,7 @@ func (m *machine) inventory() agentapi.Inventory {
 // with their reports and heartbeats, download and hash the image. It returns
 // rebooted=true after a build (the machine then network-boots again).
 func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err error) {
-	a := &agentConn{m: m, hc: m.f.agentClient(act.ip), url: strings.TrimRight(act.url, "/"), token: act.token}
+	a := &agentConn{m: m, hc: m.f.agentClient(act.ip), eps: []string{strings.TrimRight(act.url, "/")}, token: act.token}
 	var task agentapi.Task
 	m.mark(&m.t.registered) // sent: Kiln may finish the inspection before it answers
 	if err := a.call(ctx, "POST", "/v1/agent/register", agentapi.Registration{MachineID: m.id,
@@ -470,6 +531,7 @@ func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err
 		return false, err
 	}
 	for {
+		a.addEndpoints(task.Endpoints)
 		switch task.Action {
 		case agentapi.ActionProvision:
 			if err := m.build(ctx, a, &task); err != nil {

@@ -26,7 +26,7 @@ var watchedMetrics = []string{
 // "name{labels} value" per line, '#' comments) and returns the watched
 // series, keyed by "name{labels}".
 func (k *kiln) metrics(ctx context.Context) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+apiAddr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+k.api()+"/metrics", nil)
 	if err != nil {
 		return nil, err
 	}

@@ -57,9 +57,86 @@ func bmcAddr(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 97, byte(8 + n/256), byte(n % 256)})
 }
 
-// lab is the pair of namespaces of one run.
+// lab is the namespaces of one run: PREFIX-srv (one node) or PREFIX-n1..nK
+// (Options.Nodes > 1), and PREFIX-lan.
 type lab struct {
 	srv, lan string
+	nodes    []string // the nodes' namespaces; nodes[0] == srv
+}
+
+// The cluster's network (Options.Nodes > 1), in the manner of the HA lab
+// (deploy/lab/e2e/halab.go): each node in its own namespace PREFIX-nK with
+// fs0 10.98.0.K/20, its veth peer fKp on the bridge br0 of PREFIX-lan, which
+// holds 10.98.0.10/20 and the machines' DHCP socket. Raft, the forward RPC,
+// DHCP, TFTP and HTTP all cross br0; the BMC range is routed via the LAN's
+// address on the same bridge (no second link per node).
+const (
+	haLanIP   = "10.98.0.10"
+	haLanCIDR = haLanIP + "/20"
+	haBridge  = "br0"
+)
+
+// nodeIP is node i's (0-based) provisioning address: 10.98.0.1, .2, .3 (node 0 is ServerIP).
+func nodeIP(i int) string { return fmt.Sprintf("10.98.0.%d", i+1) }
+
+// dhcpIf is the LAN namespace's interface the machines' DHCP socket uses.
+func dhcpIf(nodes int) string {
+	if nodes > 1 {
+		return haBridge
+	}
+	return lanIf
+}
+
+// setupHALab creates the cluster network of the comment above for n nodes.
+func setupHALab(prefix string, n int) (*lab, error) {
+	if os.Geteuid() != 0 {
+		return nil, ErrNotRoot
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return nil, fmt.Errorf("fleetsim: iproute2 missing (apt-get install iproute2): %w", err)
+	}
+	l := &lab{lan: prefix + "-lan"}
+	for i := 0; i < n; i++ {
+		l.nodes = append(l.nodes, fmt.Sprintf("%s-n%d", prefix, i+1))
+	}
+	l.srv = l.nodes[0]
+	l.teardown()
+	steps := [][]string{
+		{"netns", "add", l.lan},
+		{"-n", l.lan, "link", "set", "lo", "up"},
+		{"-n", l.lan, "link", "add", haBridge, "type", "bridge", "stp_state", "0", "forward_delay", "0"},
+		{"-n", l.lan, "addr", "add", haLanCIDR, "dev", haBridge},
+		{"-n", l.lan, "link", "set", haBridge, "up"},
+		{"-n", l.lan, "route", "add", "local", poolRoute, "dev", "lo"},
+		{"-n", l.lan, "route", "add", "local", bmcRoute, "dev", "lo"},
+	}
+	for i, ns := range l.nodes {
+		peer := fmt.Sprintf("f%dp", i+1)
+		steps = append(steps,
+			[]string{"netns", "add", ns},
+			[]string{"-n", ns, "link", "set", "lo", "up"},
+			[]string{"link", "add", srvIf, "netns", ns, "type", "veth", "peer", "name", peer, "netns", l.lan},
+			[]string{"-n", ns, "addr", "add", nodeIP(i) + "/20", "dev", srvIf},
+			[]string{"-n", ns, "link", "set", srvIf, "up"},
+			[]string{"-n", l.lan, "link", "set", peer, "master", haBridge, "up"},
+			[]string{"-n", ns, "route", "add", poolRoute, "via", haLanIP, "dev", srvIf},
+			[]string{"-n", ns, "route", "add", bmcRoute, "via", haLanIP, "dev", srvIf})
+	}
+	for _, s := range steps {
+		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
+			l.teardown()
+			return nil, fmt.Errorf("fleetsim: ip %s: %v: %s", strings.Join(s, " "), err, bytes.TrimSpace(out))
+		}
+	}
+	for _, ns := range append([]string{l.lan}, l.nodes...) {
+		for _, kv := range []string{"net.core.somaxconn=8192", "net.ipv4.tcp_max_syn_backlog=8192"} {
+			if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
+				l.teardown()
+				return nil, fmt.Errorf("fleetsim: sysctl %s in %s: %v: %s", kv, ns, err, bytes.TrimSpace(out))
+			}
+		}
+	}
+	return l, nil
 }
 
 // setupLab creates the namespaces and links of the package comment,
@@ -72,6 +149,7 @@ func setupLab(prefix string) (*lab, error) {
 		return nil, fmt.Errorf("fleetsim: iproute2 missing (apt-get install iproute2): %w", err)
 	}
 	l := &lab{srv: prefix + "-srv", lan: prefix + "-lan"}
+	l.nodes = []string{l.srv}
 	l.teardown()
 	steps := [][]string{
 		{"netns", "add", l.srv},
@@ -114,7 +192,7 @@ func setupLab(prefix string) (*lab, error) {
 // teardown ends every process in the namespaces (SIGTERM, SIGKILL after 3 s)
 // and deletes them with their links. Safe to call more than once.
 func (l *lab) teardown() {
-	for _, ns := range []string{l.lan, l.srv} {
+	for _, ns := range append([]string{l.lan}, l.nodes...) {
 		killNS(ns)
 		_ = exec.Command("ip", "netns", "del", ns).Run()
 	}

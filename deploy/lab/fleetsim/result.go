@@ -57,6 +57,34 @@ type Result struct {
 	Errors    []string `json:"errors,omitempty"`
 	// Failures are the first few machines Kiln failed, with the reason.
 	Failures []string `json:"failures,omitempty"`
+	// A cluster run (Options.Nodes > 1): the node count; the leader killed,
+	// when (seconds after the import began) and with how many machines
+	// mid-build (write begun, not yet provisioned); the node elected after
+	// it and how soon; when the killed node was ready again.
+	Nodes          int     `json:"nodes"`
+	KilledNode     string  `json:"killed_node,omitempty"`
+	KilledAt       float64 `json:"killed_at,omitempty"`
+	KilledMidBuild int     `json:"killed_mid_build,omitempty"`
+	NewLeader      string  `json:"new_leader,omitempty"`
+	ElectedIn      float64 `json:"elected_in,omitempty"`
+	RestartedAt    float64 `json:"restarted_at,omitempty"`
+	// The end checks of a cluster run (checkCluster): the run's machines
+	// provisioned in each node's store and each node's live leases;
+	// machines that went to provisioned more than once in any node's event
+	// log; addresses bound to two MACs (any node's leases, across nodes, or
+	// the ACKs the machines received: ACKs counts those); machines that
+	// fetched the image more than once (a build redone after the failover,
+	// not itself an error).
+	NodeProvisioned  []int    `json:"node_provisioned,omitempty"`
+	NodeLeases       []int    `json:"node_leases,omitempty"`
+	ProvisionedTwice int      `json:"provisioned_twice"`
+	Twice            []string `json:"twice,omitempty"`
+	DupAddrs         int      `json:"dup_addrs"`
+	Dups             []string `json:"dups,omitempty"`
+	ACKs             int      `json:"acks"`
+	Rebuilt          int      `json:"rebuilt"`
+	// Problems are the cluster checks that failed (empty when all hold).
+	Problems []string `json:"problems,omitempty"`
 	// Error is the run's own failure (set by ChildMain).
 	Error string `json:"error,omitempty"`
 }
@@ -168,6 +196,16 @@ func mb(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
 func (r *Result) Lines() []string {
 	out := []string{fmt.Sprintf("fleet: %d provisioned, %d failed in %.1f s; kiln cpu %.1f ms/machine; rss %s MB; store %s MB",
 		r.Provisioned, r.Failed, r.Seconds, r.CPUPerMachineMS, mb(r.PeakRSS), mb(r.StoreBytes))}
+	if r.Nodes > 1 {
+		killed := "no leader killed"
+		if r.KilledNode != "" {
+			killed = fmt.Sprintf("leader killed at %.1f s", r.KilledAt)
+		}
+		out = append(out, fmt.Sprintf("fleet: %d provisioned, %d failed in %.1f s on %d nodes; %s; provisioned twice %d; duplicate addresses %d",
+			r.Provisioned, r.Failed, r.Seconds, r.Nodes, killed, r.ProvisionedTwice, r.DupAddrs))
+		out = append(out, fmt.Sprintf("fleet: cluster: killed %s with %d machines mid-build, %s elected in %.1f s, restarted ready at %.1f s; provisioned per node %v; live leases per node %v; ACKs %d; builds redone %d; failed checks %d",
+			r.KilledNode, r.KilledMidBuild, r.NewLeader, r.ElectedIn, r.RestartedAt, r.NodeProvisioned, r.NodeLeases, r.ACKs, r.Rebuilt, len(r.Problems)))
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "fleet: phases p50/p99 s:")
 	for _, p := range r.Phases {
@@ -204,6 +242,9 @@ func (r *Result) Lines() []string {
 	}
 	for _, e := range r.Failures {
 		out = append(out, "fleet: kiln failed "+e)
+	}
+	for _, e := range r.Problems {
+		out = append(out, "fleet: check failed: "+e)
 	}
 	return out
 }

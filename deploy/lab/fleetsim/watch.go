@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strconv"
 	"strings"
@@ -69,7 +70,7 @@ func (w *watcher) follow(ctx context.Context) {
 			Next uint64 `json:"next"`
 		}
 		q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}, "wait": {"20s"}}
-		if err := w.f.k.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
+		if err := w.f.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
 			if ctx.Err() == nil {
 				w.f.say("fleet: events: %v", err)
 				sleepCtx(ctx, time.Second)
@@ -161,7 +162,8 @@ func (w *watcher) provisioner(ctx context.Context) {
 				case m := <-w.avail:
 					body := map[string]any{"claim": map[string]any{"image": w.f.imageID, "hostname": m.name,
 						"role": "worker", "labels": map[string]string{"fleet": "sim"}}, "reason": "fleet"}
-					if err := w.f.k.do(ctx, "POST", "/v1/machines/"+m.id+"/provision", nil, body, "", nil); err != nil && ctx.Err() == nil {
+					if err := w.f.do(ctx, "POST", "/v1/machines/"+m.id+"/provision", nil, body, "", nil); err != nil && ctx.Err() == nil &&
+						!w.claimed(ctx, m, err) {
 						m.setErr(err)
 						w.f.say("fleet: provision %s: %v", m.name, err)
 					}
@@ -170,4 +172,21 @@ func (w *watcher) provisioner(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+}
+
+// claimed reports whether a claim that ended in err (409) was committed
+// after all: sent to a node that died before it answered, then sent again
+// to another node, which found the machine no longer available.
+func (w *watcher) claimed(ctx context.Context, m *machine, err error) bool {
+	var ae *apiError
+	if !errors.As(err, &ae) || ae.Status != 409 {
+		return false
+	}
+	var mm struct {
+		State string `json:"state"`
+	}
+	if w.f.do(ctx, "GET", "/v1/machines/"+m.id, nil, nil, "", &mm) != nil {
+		return false
+	}
+	return mm.State != "available"
 }

@@ -15,6 +15,10 @@
 // brake must engage, with no BMC action and no repair behind it):
 //
 //	go run ./deploy/lab/fleetsim/cmd/fleetsim -n 2044 -day2 -spares 44 -hour 120s   (or: make fleet N=2044 DAY2=1)
+//
+// Against a three-node site cluster with the leader killed mid-storm:
+//
+//	go run ./deploy/lab/fleetsim/cmd/fleetsim -n 500 -nodes 3 -kill-leader-at 40s
 package main
 
 import (
@@ -60,6 +64,9 @@ func run() error {
 	flag.DurationVar(&o.AgentPoll, "agent-poll", 0, "Kiln's lifecycle.agent_poll_after (0: Kiln's default)")
 	flag.IntVar(&o.BMCConcurrency, "bmc-concurrency", 0, "Kiln's bmc.concurrency (0: Kiln's default)")
 	flag.DurationVar(&o.Timeout, "timeout", 0, "bound of the run (default 5 min + 0.5 s per machine)")
+	flag.IntVar(&o.Nodes, "nodes", 1, "kiln serve nodes: 1, or 3 as one site cluster (raft, mutual TLS, agents failing over)")
+	flag.DurationVar(&o.KillLeaderAt, "kill-leader-at", 0, "with -nodes 3: SIGKILL the raft leader this long after the import starts, restart it -down later")
+	flag.DurationVar(&o.Down, "down", 5*time.Second, "how long the killed leader stays down")
 	flag.StringVar(&jsonOut, "json", "", "also write the result as JSON to this file")
 	var day2 fleetsim.Day2Options
 	day2On := flag.Bool("day2", false, "after the storm, the day-2 phase: claim all but -spares, then mode A (2 % fail over -hour) and mode B (20 % at once)")
@@ -96,6 +103,9 @@ func run() error {
 		return err
 	}
 	fmt.Printf("fleetsim: done in %.1f s (logs and data in %s)\n", time.Since(t0).Seconds(), o.Work)
+	if len(res.Problems) > 0 {
+		return fmt.Errorf("%d cluster checks failed (see %s/n*/kiln.log)", len(res.Problems), o.Work)
+	}
 	if res.Provisioned != res.N {
 		return fmt.Errorf("%d of %d machines provisioned (see %s/kiln.log)", res.Provisioned, res.N, o.Work)
 	}
