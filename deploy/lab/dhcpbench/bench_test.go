@@ -124,8 +124,8 @@ func TestBenchDHCP(t *testing.T) {
 	macs, macFiles := benchMACs(t, dir, nc)
 
 	k := startKiln(t, bin, n, filepath.Join(dir, "kiln"), macs)
-	kea := startKea(t, n.keaNS, n.keaIf, keaIP, n.cli(keaCli), filepath.Join(dir, "kea"), macs)
-	echo := &server{name: "echo", ns: []string{n.echoNS}, target: echoIP, clients: n.cli(echoCli), version: "trivial"}
+	kea := startKea(t, n.keaNS, n.keaIf, keaIP, n.clientAddrs(keaCli), filepath.Join(dir, "kea"), macs)
+	echo := &server{name: "echo", ns: []string{n.echoNS}, target: echoIP, clients: n.clientAddrs(echoCli), version: "trivial"}
 	startEcho(t, n.echoNS, n.echoIf, netip.MustParseAddr(echoIP))
 	servers := []*server{k, kea}
 	if !usePerfdhcp() {
@@ -273,8 +273,8 @@ const (
 	echoIP, echoCli = "10.78.0.1", "10.78.0.2"
 )
 
-// cli is the n.clients perfdhcp addresses from first on.
-func (n *nets) cli(first string) []string {
+// clientAddrs is the n.clients perfdhcp addresses from first on.
+func (n *nets) clientAddrs(first string) []string {
 	a := netip.MustParseAddr(first)
 	out := make([]string, n.clients)
 	for i := range out {
@@ -300,7 +300,7 @@ func newNets(t *testing.T, clients int) *nets {
 		cliIf := p.ifname + "c"
 		testkit.Veth(t, testkit.VethEnd{NS: p.ns, Name: p.ifname, Addr: p.ip + "/16"},
 			testkit.VethEnd{NS: n.cliNS, Name: cliIf, Addr: p.cli + "/16"}, 0)
-		for _, a := range n.cli(p.cli)[1:] {
+		for _, a := range n.clientAddrs(p.cli)[1:] {
 			testkit.IP(t, "-n", n.cliNS, "addr", "add", a+"/16", "dev", cliIf)
 		}
 	}
@@ -653,7 +653,7 @@ func startKiln(t *testing.T, bin string, n *nets, dir string, macs []string) *se
 	node := &kilnNode{id: "bench", ns: n.kilnNS, ifname: n.kilnIf, ip: kilnIP, dir: dir}
 	node.start(t, bin)
 	out, _ := node.cli(bin, "version")
-	s := &server{name: "kiln", ns: []string{n.kilnNS}, procs: []*exec.Cmd{node.cmd}, target: kilnIP, clients: n.cli(kilnCli),
+	s := &server{name: "kiln", ns: []string{n.kilnNS}, procs: []*exec.Cmd{node.cmd}, target: kilnIP, clients: n.clientAddrs(kilnCli),
 		version: strings.TrimPrefix(strings.TrimSpace(out), "kiln "), counters: node.counters}
 	importMachines(t, bin, node, macs)
 	return s

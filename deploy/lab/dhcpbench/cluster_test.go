@@ -51,13 +51,13 @@ func TestBenchDHCPCluster(t *testing.T) {
 	n := &nets{clients: nc}
 	cliIf := "kbd" + id + "c"
 	port(cliNS, cliIf, kilnCli+"/16")
-	for _, a := range n.cli(kilnCli)[1:] {
+	for _, a := range n.clientAddrs(kilnCli)[1:] {
 		testkit.IP(t, "-n", cliNS, "addr", "add", a+"/16", "dev", cliIf)
 	}
 	keaIf := "kbd" + id + "e"
 	testkit.Veth(t, testkit.VethEnd{NS: keaNS, Name: keaIf, Addr: keaIP + "/16"},
 		testkit.VethEnd{NS: cliNS, Name: keaIf + "c", Addr: keaCli + "/16"}, 0)
-	for _, a := range n.cli(keaCli)[1:] {
+	for _, a := range n.clientAddrs(keaCli)[1:] {
 		testkit.IP(t, "-n", cliNS, "addr", "add", a+"/16", "dev", keaIf+"c")
 	}
 
@@ -97,7 +97,7 @@ func TestBenchDHCPCluster(t *testing.T) {
 		})
 	}
 	out, _ := nodes[0].cli(bin, "version")
-	k := &server{name: "kiln-3", target: "255.255.255.255", clients: n.cli(kilnCli),
+	k := &server{name: "kiln-3", target: "255.255.255.255", clients: n.clientAddrs(kilnCli),
 		version: strings.TrimPrefix(strings.TrimSpace(out), "kiln ")}
 	for _, nd := range nodes {
 		k.ns = append(k.ns, nd.ns)
@@ -112,7 +112,7 @@ func TestBenchDHCPCluster(t *testing.T) {
 		}
 		return sum
 	}
-	kea := startKea(t, keaNS, keaIf, keaIP, n.cli(keaCli), filepath.Join(dir, "kea"), macs)
+	kea := startKea(t, keaNS, keaIf, keaIP, n.clientAddrs(keaCli), filepath.Join(dir, "kea"), macs)
 	k.gen = openGen(t, cliNS, cliIf, k.clients, macs)
 	kea.gen = openGen(t, cliNS, keaIf+"c", kea.clients, macs)
 	servers := []*server{k, kea}
