@@ -78,7 +78,7 @@ bmc:
   retries: 2%s
 lifecycle:
   step_timeout: 10m%s
-`, data, apiAddr, srvIf, ServerIP, bootHTTP, o.EnvDir, filepath.Join(o.Work, "images"), subnetCIDR, poolStart, poolEnd, conc, poll)
+`, data, o.APIListen, srvIf, ServerIP, bootHTTP, o.EnvDir, filepath.Join(o.Work, "images"), subnetCIDR, poolStart, poolEnd, conc, poll)
 }
 
 // startKiln writes the configuration and starts bin/kiln serve in the
