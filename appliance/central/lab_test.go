@@ -311,18 +311,25 @@ func TestSixSitesWANCut(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		held := map[uint64]api.Event{}
+		type key struct {
+			i uint64
+			s int
+		}
+		held := map[key]api.Event{}
 		for _, e := range cp.Events {
-			if _, dup := held[e.Index]; dup {
+			if _, dup := held[key{e.Index, e.Seq}]; dup {
 				dups++
 			}
-			held[e.Index] = e
+			held[key{e.Index, e.Seq}] = e
 		}
 		ok := len(cp.Resyncs) == 0
-		inSite := map[uint64]bool{}
+		inSite := map[key]bool{}
 		for _, e := range site {
-			inSite[e.Index] = true
-			c, has := held[e.Index]
+			if inSite[key{e.Index, e.Seq}] {
+				t.Errorf("%s: the site's own feed repeats event %d.%d", name, e.Index, e.Seq)
+			}
+			inSite[key{e.Index, e.Seq}] = true
+			c, has := held[key{e.Index, e.Seq}]
 			if !has {
 				gaps++
 				ok = false
@@ -333,7 +340,7 @@ func TestSixSitesWANCut(t *testing.T) {
 			if !bytes.Equal(a, b) {
 				mismatches++
 				ok = false
-				t.Errorf("%s index %d: site %s, central %s", name, e.Index, a, b)
+				t.Errorf("%s event %d.%d: site %s, central %s", name, e.Index, e.Seq, a, b)
 			}
 			if i == cutSite && !e.Time.Before(cutStart) && e.Time.Before(cutEnd) {
 				inCut++
@@ -343,7 +350,7 @@ func TestSixSitesWANCut(t *testing.T) {
 			}
 		}
 		for _, e := range cp.Events {
-			if e.Index <= heads[i] && !inSite[e.Index] {
+			if e.Index <= heads[i] && !inSite[key{e.Index, e.Seq}] {
 				dups++ // held by the central, never served by the site
 				ok = false
 			}

@@ -14,14 +14,18 @@ import (
 
 // The central's copy, one bbolt file:
 //
-//	bucket "site/NAME/events": key = the event's index (8 bytes, big endian),
+//	bucket "site/NAME/events": key = the event's raft index (8 bytes, big
+//	                           endian) then its Seq (4 bytes, big endian),
 //	                           value = the api.Event as JSON
 //	bucket "site/NAME/meta":   "cursor" (8 bytes BE): the last index held;
 //	                           "status": the last api.SiteStatus as JSON;
 //	                           "resyncs": JSON []Resync (410 answers)
 //
-// Each batch of events and the cursor move in one bbolt transaction, so a
-// restart resumes exactly after the last event stored: no gap, no duplicate.
+// One raft index may carry several events (one command's, told apart by
+// Seq), and the site never splits an index across pages (store.Events), so
+// the cursor is an index. Each batch of events and the cursor move in one
+// bbolt transaction, so a restart resumes exactly after the last event
+// stored: no gap, no duplicate.
 
 // ErrOrder refuses a batch whose indexes are not strictly increasing after
 // the stored cursor (a duplicate or a reordering the feed must never send).
@@ -52,6 +56,13 @@ func evBucket(site string) []byte   { return []byte("site/" + site + "/events") 
 func metaBucket(site string) []byte { return []byte("site/" + site + "/meta") }
 
 func be(n uint64) []byte { var k [8]byte; binary.BigEndian.PutUint64(k[:], n); return k[:] }
+
+func evKey(e api.Event) []byte {
+	var k [12]byte
+	binary.BigEndian.PutUint64(k[:8], e.Index)
+	binary.BigEndian.PutUint32(k[8:], uint32(e.Seq))
+	return k[:]
+}
 
 // cursor is the last index stored for site (0: none).
 func (d *db) cursor(site string) (uint64, int, error) {
@@ -90,22 +101,22 @@ func (d *db) appendEvents(site string, cursor, next uint64, evs []api.Event) err
 		if cur != cursor {
 			return fmt.Errorf("%w: site %s: stored cursor %d, batch after %d", ErrOrder, site, cur, cursor)
 		}
-		last := cursor
-		for _, ev := range evs {
-			if ev.Index <= last {
-				return fmt.Errorf("%w: site %s: index %d after %d", ErrOrder, site, ev.Index, last)
+		last, lastSeq := cursor, -1
+		for i, ev := range evs {
+			if ev.Index <= cursor || ev.Seq < 0 || (i > 0 && (ev.Index < last || ev.Index == last && ev.Seq <= lastSeq)) {
+				return fmt.Errorf("%w: site %s: event %d.%d after cursor %d, previous %d.%d", ErrOrder, site, ev.Index, ev.Seq, cursor, last, lastSeq)
 			}
-			if e.Get(be(ev.Index)) != nil {
-				return fmt.Errorf("%w: site %s: index %d already held", ErrOrder, site, ev.Index)
+			if e.Get(evKey(ev)) != nil {
+				return fmt.Errorf("%w: site %s: event %d.%d already held", ErrOrder, site, ev.Index, ev.Seq)
 			}
 			js, err := json.Marshal(ev)
 			if err != nil {
 				return err
 			}
-			if err := e.Put(be(ev.Index), js); err != nil {
+			if err := e.Put(evKey(ev), js); err != nil {
 				return err
 			}
-			last = ev.Index
+			last, lastSeq = ev.Index, ev.Seq
 		}
 		if next < last {
 			next = last

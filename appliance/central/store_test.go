@@ -21,8 +21,13 @@ func TestStoreOrderAndResume(t *testing.T) {
 	ev := func(i uint64) api.Event {
 		return api.Event{Index: i, Time: time.Unix(int64(i), 0).UTC(), Subject: "machine/m-1", Kind: "transition", To: "available"}
 	}
-	if err := d.appendEvents("s", 0, 7, []api.Event{ev(3), ev(7)}); err != nil {
+	ev3b := ev(3)
+	ev3b.Seq = 1
+	if err := d.appendEvents("s", 0, 7, []api.Event{ev(3), ev3b, ev(7)}); err != nil {
 		t.Fatal(err)
+	}
+	if err := d.appendEvents("s", 7, 9, []api.Event{ev(7)}); !errors.Is(err, ErrOrder) {
+		t.Fatalf("an index at the cursor again: %v, want ErrOrder", err)
 	}
 	if err := d.appendEvents("s", 0, 7, []api.Event{ev(3), ev(7)}); !errors.Is(err, ErrOrder) {
 		t.Fatalf("replayed batch: %v, want ErrOrder", err)
@@ -39,8 +44,8 @@ func TestStoreOrderAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, n, err := d.cursor("s")
-	if err != nil || c != 12 || n != 2 {
-		t.Fatalf("reopened: cursor %d, %d events, %v; want 12, 2", c, n, err)
+	if err != nil || c != 12 || n != 3 {
+		t.Fatalf("reopened: cursor %d, %d events, %v; want 12, 3", c, n, err)
 	}
 	if err := d.appendEvents("s", 12, 13, []api.Event{ev(13)}); err != nil {
 		t.Fatal(err)
@@ -50,7 +55,7 @@ func TestStoreOrderAndResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cp.Cursor != 13 || len(cp.Events) != 3 || cp.Events[0].Index != 3 || cp.Events[2].Index != 13 || !cp.Events[1].Time.Equal(time.Unix(7, 0)) {
+	if cp.Cursor != 13 || len(cp.Events) != 4 || cp.Events[1].Seq != 1 || cp.Events[3].Index != 13 || !cp.Events[2].Time.Equal(time.Unix(7, 0)) {
 		t.Fatalf("copy: cursor %d, events %+v", cp.Cursor, cp.Events)
 	}
 }
