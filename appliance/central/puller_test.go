@@ -17,6 +17,7 @@ import (
 	"kiln/appliance/central"
 	"kiln/appliance/lifecycle"
 	"kiln/appliance/lifecycle/lifecycletest"
+	"kiln/store"
 )
 
 const viewerTok = "central-test-viewer"
@@ -50,6 +51,10 @@ func TestPullerFollowsAndResumes(t *testing.T) {
 		var after uint64
 		for {
 			el, err := viewer.Events(ctx, client.EventQuery{After: after, Limit: 1000})
+			if oldest, ok := client.CursorExpired(err); ok {
+				after = oldest
+				continue
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,5 +125,48 @@ func TestPullerFollowsAndResumes(t *testing.T) {
 	}
 	if cp.Status == nil || len(cp.Resyncs) != 0 {
 		t.Errorf("status %v, resyncs %v: want a status, no resync", cp.Status, cp.Resyncs)
+	}
+
+	// The site trims past the central's cursor while it is away: the
+	// puller gets 410 cursor_expired, stores the site status and the gap,
+	// and follows from oldest_cursor.
+	held := head()
+	write(45, 60)
+	trimTo := held + 5
+	if err := d.Store.TrimEvents(ctx, trimTo, store.W{Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	write(60, 65)
+	follow()
+	cp, err = central.ReadCopy(cfg.StatePath, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cp.Resyncs) != 1 || cp.Resyncs[0].From != held || cp.Resyncs[0].To != trimTo-1 {
+		t.Fatalf("resyncs %+v: want one, from %d to %d", cp.Resyncs, held, trimTo-1)
+	}
+	var later []api.Event
+	after = trimTo - 1
+	for {
+		el, err := viewer.Events(ctx, client.EventQuery{After: after, Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(el.Events) == 0 {
+			break
+		}
+		later = append(later, el.Events...)
+		after = el.Next
+	}
+	want := append(append([]api.Event{}, site...), later...)
+	if len(later) == 0 || len(cp.Events) != len(want) {
+		t.Fatalf("after the resync: central %d events, want %d (%d before the gap, %d after)", len(cp.Events), len(want), len(site), len(later))
+	}
+	for i := range want {
+		a, _ := json.Marshal(want[i])
+		b, _ := json.Marshal(cp.Events[i])
+		if string(a) != string(b) {
+			t.Fatalf("event %d after the resync: site %s, central %s", i, a, b)
+		}
 	}
 }
