@@ -82,6 +82,22 @@ type Options struct {
 	// run then checks every node's store and leases (checkCluster).
 	KillLeaderAt time.Duration `json:"kill_leader_at"`
 	Down         time.Duration `json:"down"`
+	// APIListen is kiln serve's api.addr (default ServerIP:7480; the
+	// simulator always calls ServerIP:7480). A lab that reaches the site
+	// over another link of PREFIX-srv sets "0.0.0.0:7480".
+	APIListen string `json:"api_listen"`
+	// OnLab, when set, is called (in the calling process) once the
+	// namespaces exist, with the name of PREFIX-srv, before Kiln starts:
+	// a lab adds its own links there (a WAN to a central). An error ends
+	// the run.
+	OnLab func(srvNS string) error `json:"-"`
+	// Hold, when set, keeps the site up after the run: the simulation
+	// writes the whole event feed as served (one JSON object a line) to
+	// Work/events.jsonl, creates the file Hold+".ready", and waits until
+	// the file Hold exists (at most HoldMax, default 10 min) before
+	// stopping Kiln.
+	Hold    string        `json:"hold"`
+	HoldMax time.Duration `json:"hold_max"`
 	// Out receives progress lines and the result lines (nil: discard).
 	Out io.Writer `json:"-"`
 }
@@ -128,6 +144,12 @@ func (o *Options) defaults() error {
 			return err
 		}
 	}
+	if o.APIListen == "" {
+		o.APIListen = apiAddr
+	}
+	if o.HoldMax <= 0 {
+		o.HoldMax = 10 * time.Minute
+	}
 	if o.Work == "" {
 		return fmt.Errorf("fleetsim: Options.Work is required")
 	}
@@ -167,6 +189,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer l.teardown()
+	if o.OnLab != nil {
+		if err := o.OnLab(l.srv); err != nil {
+			return nil, fmt.Errorf("fleetsim: OnLab: %w", err)
+		}
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -597,7 +624,56 @@ done:
 			return res, err
 		}
 	}
+	if o.Hold != "" {
+		if err := f.hold(ctx); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// hold is Options.Hold: dump the feed, signal ready, wait for the release.
+func (f *fleet) hold(ctx context.Context) error {
+	out, err := os.Create(filepath.Join(f.o.Work, "events.jsonl"))
+	if err != nil {
+		return err
+	}
+	var after uint64
+	n := 0
+	for {
+		var el struct {
+			Events []json.RawMessage `json:"events"`
+			Next   uint64            `json:"next"`
+		}
+		q := url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}}
+		if err := f.k.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
+			out.Close()
+			return err
+		}
+		if len(el.Events) == 0 {
+			break
+		}
+		for _, e := range el.Events {
+			out.Write(append(append([]byte{}, e...), '\n'))
+			n++
+		}
+		after = el.Next
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	f.say("fleet: hold: %d events dumped (up to index %d); waiting for %s", n, after, f.o.Hold)
+	if err := os.WriteFile(f.o.Hold+".ready", []byte(strconv.FormatUint(after, 10)), 0o644); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(f.o.HoldMax)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(f.o.Hold); err == nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("fleetsim: hold %s not released in %s", f.o.Hold, f.o.HoldMax)
 }
 
 // mapIDs reads the machines' IDs by name (GET /v1/machines, paged).

@@ -81,6 +81,10 @@ func kilnConfig(o Options, k *kiln, all []*kiln, join []string, token string) st
 		}
 		peers = "\n  peer_http_addrs: [" + strings.Join(ps, ", ") + "]"
 	}
+	listen := k.api() // a node of a cluster: its own address
+	if len(all) == 1 {
+		listen = o.APIListen
+	}
 	return fmt.Sprintf(`node_id: %s
 data_dir: %s
 log:
@@ -108,7 +112,7 @@ bmc:
   retries: 2%s
 lifecycle:
   step_timeout: 10m%s
-%s`, k.id, k.data, k.api(), raft, srvIf, k.ip, k.ip, peers, o.EnvDir, filepath.Join(filepath.Dir(k.data), "images"),
+%s`, k.id, k.data, listen, raft, srvIf, k.ip, k.ip, peers, o.EnvDir, filepath.Join(filepath.Dir(k.data), "images"),
 		subnetCIDR, poolStart, poolEnd, conc, poll, remediationConfig(o))
 }
 

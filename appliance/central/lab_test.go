@@ -1,0 +1,419 @@
+package central_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"kiln/api"
+	"kiln/appliance/central"
+	"kiln/deploy/lab/fleetsim"
+	"kiln/deploy/lab/testreq"
+)
+
+// TestMain runs the fleet simulation half when fleetsim re-executes the
+// test binary inside a site's machines' namespace.
+func TestMain(m *testing.M) {
+	if fleetsim.IsChild() {
+		fleetsim.ChildMain()
+	}
+	os.Exit(m.Run())
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a positive integer", name, v)
+		}
+		return n
+	}
+	return def
+}
+
+func envDur(t *testing.T, name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: want a duration", name, v)
+		}
+		return d
+	}
+	return def
+}
+
+func ipc(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+}
+
+type runOut struct {
+	i   int
+	res *fleetsim.Result
+	err error
+}
+
+// TestSixSitesWANCut is issue 13's six sites and a central puller: six
+// fleetsim sites (one kiln serve each in its own namespaces), the central
+// (the built cmd/kiln-central) in its own namespace with one veth "WAN"
+// to each site's server namespace, following every /v1/events and
+// /v1/site/status. Site 3's WAN is cut (link down) for the cut while it
+// keeps provisioning, and the central is restarted once during the cut
+// (the durable cursor); after the heal every site's full feed (dumped by
+// the site itself, in its own namespace) must equal the central's copy:
+// the same indexes, the same content, no gap, no duplicate.
+//
+// Defaults: 6 sites × 20 machines, a 15 s cut. KILN_CENTRAL_SITES,
+// KILN_CENTRAL_N (machines per site, ≤ 2044) and KILN_CENTRAL_CUT (e.g.
+// 45s) scale it; KILN_ENV_DIR uses the built environment instead of a
+// random stand-in.
+func TestSixSitesWANCut(t *testing.T) {
+	testreq.Root(t, "network namespaces and AF_PACKET", "ip", "sysctl")
+	nSites := envInt(t, "KILN_CENTRAL_SITES", 6)
+	perSite := envInt(t, "KILN_CENTRAL_N", 20)
+	cut := envDur(t, "KILN_CENTRAL_CUT", 15*time.Second)
+	const cutSite = 3
+	if nSites < cutSite {
+		t.Fatalf("KILN_CENTRAL_SITES=%d: want ≥ %d", nSites, cutSite)
+	}
+	work := t.TempDir()
+	bins := map[string]string{}
+	for _, b := range []string{"kiln", "kiln-central"} {
+		bins[b] = filepath.Join(work, b)
+		cmd := exec.Command("go", "build", "-o", bins[b], "./cmd/"+b)
+		cmd.Dir = testreq.RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/%s: %v\n%s", b, err, out)
+		}
+	}
+	envDir := os.Getenv("KILN_ENV_DIR")
+	if envDir == "" {
+		envDir = filepath.Join(work, "env")
+		_ = os.MkdirAll(envDir, 0o755)
+		for _, n := range []string{"vmlinuz", "initramfs"} {
+			b := make([]byte, 2<<20)
+			_, _ = rand.Read(b)
+			if err := os.WriteFile(filepath.Join(envDir, n), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	tag := strconv.Itoa(os.Getpid() % 1000)
+	ctl := "kc" + tag + "-ctl"
+	_ = exec.Command("ip", "netns", "del", ctl).Run()
+	ipc(t, "netns", "add", ctl)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ctl).Run() })
+	ipc(t, "-n", ctl, "link", "set", "lo", "up")
+
+	// The central's configuration: site i at 10.250.i.2 over its WAN.
+	var cfg central.Config
+	cfg.StatePath = filepath.Join(work, "central.db")
+	cfg.Wait = 10 * time.Second
+	cfg.StatusEvery = 5 * time.Second
+	cfg.MaxBackoff = 5 * time.Second
+	siteWork := make([]string, nSites+1)
+	for i := 1; i <= nSites; i++ {
+		siteWork[i] = filepath.Join(work, fmt.Sprintf("site-%d", i))
+		cfg.Sites = append(cfg.Sites, central.Site{Name: fmt.Sprintf("site-%d", i),
+			Server: fmt.Sprintf("http://10.250.%d.2:7480", i), TokenFile: filepath.Join(siteWork[i], "kiln-data", "admin.token")})
+	}
+	cfgJS, _ := json.Marshal(map[string]any{"sites": cfg.Sites, "state": cfg.StatePath, "wait": cfg.Wait,
+		"status_every": cfg.StatusEvery, "max_backoff": cfg.MaxBackoff})
+	cfgPath := filepath.Join(work, "central.json")
+	if err := os.WriteFile(cfgPath, cfgJS, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(work, "central.sock")
+	centralLog, err := os.Create(filepath.Join(work, "central.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer centralLog.Close()
+	var cproc *exec.Cmd
+	startCentral := func() {
+		cproc = exec.Command("ip", "netns", "exec", ctl, bins["kiln-central"], "-config", cfgPath, "-listen", "unix:"+sock, "-report", "10s")
+		cproc.Stdout, cproc.Stderr = centralLog, centralLog
+		cproc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cproc.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopCentral := func() {
+		if cproc == nil {
+			return
+		}
+		_ = cproc.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cproc.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cproc.Process.Kill()
+			<-done
+		}
+		cproc = nil
+	}
+	defer stopCentral()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	lag := func() map[string]central.SiteLag {
+		resp, err := hc.Get("http://central/v1/central/sites")
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		var out struct{ Items []central.SiteLag }
+		if json.NewDecoder(resp.Body).Decode(&out) != nil {
+			return nil
+		}
+		m := map[string]central.SiteLag{}
+		for _, l := range out.Items {
+			m[l.Site] = l
+		}
+		return m
+	}
+
+	// The six sites.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+time.Duration(perSite)*time.Second)
+	defer cancel()
+	runs := make(chan runOut, nSites)
+	for i := 1; i <= nSites; i++ {
+		logf, err := os.Create(siteWork[i] + ".log")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer logf.Close()
+		o := fleetsim.Options{N: perSite, Work: siteWork[i], Prefix: "kc" + tag + "s" + strconv.Itoa(i),
+			KilnBin: bins["kiln"], EnvDir: envDir, AgentPoll: time.Second, ImageMiB: 2, EnvBytes: 256 << 10,
+			APIListen: "0.0.0.0:7480", Hold: filepath.Join(work, fmt.Sprintf("hold-%d", i)), Out: logf,
+			OnLab: func(srv string) error {
+				wan := "wan" + strconv.Itoa(i)
+				for _, s := range [][]string{
+					{"link", "add", wan, "netns", ctl, "type", "veth", "peer", "name", "wan0", "netns", srv},
+					{"-n", ctl, "addr", "add", fmt.Sprintf("10.250.%d.1/30", i), "dev", wan},
+					{"-n", srv, "addr", "add", fmt.Sprintf("10.250.%d.2/30", i), "dev", "wan0"},
+					{"-n", ctl, "link", "set", wan, "up"},
+					{"-n", srv, "link", "set", "wan0", "up"},
+				} {
+					if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
+						return fmt.Errorf("ip %s: %v: %s", strings.Join(s, " "), err, bytes.TrimSpace(out))
+					}
+				}
+				return nil
+			}}
+		go func() {
+			res, err := fleetsim.Run(ctx, o)
+			runs <- runOut{i: i, res: res, err: err}
+		}()
+	}
+	startCentral()
+	tail := func(p string) string {
+		b, _ := os.ReadFile(p)
+		if len(b) > 3000 {
+			b = b[len(b)-3000:]
+		}
+		return string(b)
+	}
+	fatal := func(format string, a ...any) {
+		t.Helper()
+		t.Logf("central log:\n%s", tail(centralLog.Name()))
+		for i := 1; i <= nSites; i++ {
+			t.Logf("site-%d log:\n%s", i, tail(siteWork[i]+".log"))
+		}
+		t.Fatalf(format, a...)
+	}
+	finished := map[int]runOut{}
+	poll := func(what string, limit time.Duration, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(limit)
+		for !ok() {
+			select {
+			case r := <-runs:
+				finished[r.i] = r
+				if r.err != nil {
+					fatal("site-%d: %v (while waiting for %s)", r.i, r.err, what)
+				}
+			case <-time.After(500 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				fatal("%s: not within %s", what, limit)
+			}
+		}
+	}
+	cs := fmt.Sprintf("site-%d", cutSite)
+	// Cut once site 3's feed flows into the central and its machines are
+	// being provisioned (the central has its first events).
+	poll("site-3 events at the central", 3*time.Minute, func() bool { return lag()[cs].Events > 0 })
+	wan := "wan" + strconv.Itoa(cutSite)
+	cutStart := time.Now()
+	ipc(t, "-n", ctl, "link", "set", wan, "down")
+	before := lag()[cs]
+	t.Logf("wan cut %s at cursor %d (%d events)", cs, before.Cursor, before.Events)
+	time.Sleep(cut / 2)
+	stopCentral() // a restart mid-cut: the cursors must resume from the state file
+	startCentral()
+	time.Sleep(cut - cut/2)
+	during := lag()[cs]
+	ipc(t, "-n", ctl, "link", "set", wan, "up")
+	cutEnd := time.Now()
+	t.Logf("wan healed %s after %.0f s: central at cursor %d reachable %v errors %d (%s)", cs, cutEnd.Sub(cutStart).Seconds(),
+		during.Cursor, during.Reachable, during.Errors, during.LastError)
+
+	// Every site finished and dumped its feed; the central catches up.
+	heads := make([]uint64, nSites+1)
+	poll("every site's run and dump", 10*time.Minute, func() bool {
+		for i := 1; i <= nSites; i++ {
+			b, err := os.ReadFile(filepath.Join(work, fmt.Sprintf("hold-%d.ready", i)))
+			if err != nil {
+				return false
+			}
+			heads[i], _ = strconv.ParseUint(string(b), 10, 64)
+		}
+		return true
+	})
+	poll("the central caught up", 2*time.Minute, func() bool {
+		l := lag()
+		for i := 1; i <= nSites; i++ {
+			if l[fmt.Sprintf("site-%d", i)].Cursor < heads[i] {
+				return false
+			}
+		}
+		return true
+	})
+	final := lag()
+	stopCentral()
+
+	// Compare.
+	total, equal, gaps, dups, mismatches := 0, 0, 0, 0, 0
+	var inCut, provInCut int
+	for i := 1; i <= nSites; i++ {
+		name := fmt.Sprintf("site-%d", i)
+		site := readDump(t, filepath.Join(siteWork[i], "events.jsonl"))
+		cp, err := central.ReadCopy(cfg.StatePath, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type key struct {
+			i uint64
+			s int
+		}
+		held := map[key]api.Event{}
+		for _, e := range cp.Events {
+			if _, dup := held[key{e.Index, e.Seq}]; dup {
+				dups++
+			}
+			held[key{e.Index, e.Seq}] = e
+		}
+		ok := len(cp.Resyncs) == 0
+		inSite := map[key]bool{}
+		for _, e := range site {
+			if inSite[key{e.Index, e.Seq}] {
+				t.Errorf("%s: the site's own feed repeats event %d.%d", name, e.Index, e.Seq)
+			}
+			inSite[key{e.Index, e.Seq}] = true
+			c, has := held[key{e.Index, e.Seq}]
+			if !has {
+				gaps++
+				ok = false
+				continue
+			}
+			a, _ := json.Marshal(e)
+			b, _ := json.Marshal(c)
+			if !bytes.Equal(a, b) {
+				mismatches++
+				ok = false
+				t.Errorf("%s event %d.%d: site %s, central %s", name, e.Index, e.Seq, a, b)
+			}
+			if i == cutSite && !e.Time.Before(cutStart) && e.Time.Before(cutEnd) {
+				inCut++
+				if e.Kind == "transition" && e.To == "provisioned" {
+					provInCut++
+				}
+			}
+		}
+		for _, e := range cp.Events {
+			if e.Index <= heads[i] && !inSite[key{e.Index, e.Seq}] {
+				dups++ // held by the central, never served by the site
+				ok = false
+			}
+		}
+		if ok {
+			equal++
+		}
+		total += len(site)
+		t.Logf("%s: site %d events (head %d), central %d events (cursor %d), resyncs %d, errors %d", name, len(site), heads[i],
+			len(cp.Events), cp.Cursor, len(cp.Resyncs), final[name].Errors)
+	}
+	for i := 1; i <= nSites; i++ {
+		_ = os.WriteFile(filepath.Join(work, fmt.Sprintf("hold-%d", i)), nil, 0o644)
+	}
+	provisioned := 0
+	for len(finished) < nSites {
+		r := <-runs
+		finished[r.i] = r
+	}
+	for i := 1; i <= nSites; i++ {
+		r := finished[i]
+		if r.err != nil || r.res == nil {
+			fatal("site-%d: %v", i, r.err)
+		}
+		provisioned += r.res.Provisioned
+		if r.res.Provisioned != perSite || r.res.SimErrors != 0 {
+			t.Errorf("site-%d: %d of %d provisioned, %d failed, %d simulator errors", i, r.res.Provisioned, perSite, r.res.Failed, r.res.SimErrors)
+		}
+	}
+	line := fmt.Sprintf("central: %d sites, %d machines provisioned; wan cut %s %.0f s (%d events, %d provisioned at the site meanwhile; central restarted mid-cut); events central=site for %d/%d sites (%d events); gaps %d; duplicates %d; mismatches %d",
+		nSites, provisioned, cs, cutEnd.Sub(cutStart).Seconds(), inCut, provInCut, equal, nSites, total, gaps, dups, mismatches)
+	fmt.Println(line)
+	t.Log(line)
+	if equal != nSites || gaps != 0 || dups != 0 || mismatches != 0 {
+		fatal("%s", line)
+	}
+	if inCut == 0 {
+		t.Errorf("site-3 wrote no event during the cut: the cut did not overlap its provisioning")
+	}
+	if during.Reachable {
+		t.Errorf("the central reported %s reachable during the cut", cs)
+	}
+}
+
+func readDump(t *testing.T, path string) []api.Event {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []api.Event
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e api.Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, e)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
