@@ -32,10 +32,13 @@ func uploadImage(t *testing.T, n *node, name string, body []byte) store.Image {
 	return img
 }
 
-// waitFile waits until n's catalog holds name with digest want.
+// waitFile waits until n's catalog holds name with digest want. The bound
+// is generous (a copy takes well under a second here alone): `go test -race
+// ./...` on 2 cores runs this beside every other package, and one CI run
+// took over 15 s for the late joiner's second copy.
 func waitFile(t *testing.T, n *node, name, want string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if f, ent, err := n.app.images.cat.Open(name); err == nil {
 			f.Close()
@@ -45,7 +48,7 @@ func waitFile(t *testing.T, n *node, name, want string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("node %s: image file %s with sha256 %s did not arrive within 15 s", n.cfg.NodeID, name, want)
+	t.Fatalf("node %s: image file %s with sha256 %s did not arrive within 60 s", n.cfg.NodeID, name, want)
 }
 
 func randomBytes(t *testing.T, n int) []byte {
