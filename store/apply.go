@@ -139,13 +139,15 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		if err == nil {
 			one(c.Rack)(putSimple(a, bRacks, "rack", c.Rack))
 		}
-	case CmdPutMachines, CmdPutMachinesV2, CmdPutMachinesV3:
+	case CmdPutMachines, CmdPutMachinesV2, CmdPutMachinesV3, CmdPutMachinesV4:
 		rule := ruleV2
 		switch c.Type {
 		case CmdPutMachines:
 			rule = ruleV1
 		case CmdPutMachinesV3:
 			rule = ruleV3
+		case CmdPutMachinesV4:
+			rule = ruleV4
 		}
 		out = make([]json.RawMessage, 0, len(c.Machines))
 		recs = make([]any, 0, len(c.Machines))
@@ -184,7 +186,7 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		if out, recs, err = importMachines(a, c.Machines); err != nil {
 			return nil, nil, 0, err
 		}
-	case CmdAgentReport:
+	case CmdAgentReport, CmdAgentReportV2:
 		if out, recs, err = agentReport(a, c); err != nil {
 			return nil, nil, 0, err
 		}
@@ -429,14 +431,17 @@ func machineMACs(m *Machine) ([]string, error) {
 
 // machineRule is the rule set a machine command applies: ruleV1
 // (put_machines, 3), ruleV2 (put_machines_v2 14, import 16, agent_report
-// 17: a claim must name a stored image) or ruleV3 (put_machines_v3 25: the
-// issue-14 transition table, and the issue-14 fields as written).
+// 17: a claim must name a stored image), ruleV3 (put_machines_v3 25: the
+// issue-14 transition table, and the issue-14 fields as written) or ruleV4
+// (put_machines_v4 30, agent_report_v2 31: transitionsV4, and the round-3
+// fields as written).
 type machineRule int
 
 const (
 	ruleV1 machineRule = iota
 	ruleV2
 	ruleV3
+	ruleV4
 )
 
 // putMachine creates or updates m (see PutMachine). From ruleV2 on (the
@@ -449,8 +454,11 @@ const (
 func putMachine(a *applyCtx, m *Machine, rule machineRule) ([]byte, error) {
 	checked := rule >= ruleV2
 	tab := transitionsV2
-	if rule == ruleV3 {
+	switch rule {
+	case ruleV3:
 		tab = transitionsV3
+	case ruleV4:
+		tab = transitionsV4
 	}
 	macs, err := machineMACs(m)
 	if err != nil {
@@ -462,6 +470,9 @@ func putMachine(a *applyCtx, m *Machine, rule machineRule) ([]byte, error) {
 	}
 	if rule < ruleV3 {
 		keepV3Fields(m, old)
+	}
+	if rule < ruleV4 {
+		keepV4Fields(m, old)
 	}
 	ix := a.ix
 	if old == nil {
@@ -527,7 +538,7 @@ func putMachine(a *applyCtx, m *Machine, rule machineRule) ([]byte, error) {
 
 // agentReport is CmdAgentReport: the report's events (each needs Subject
 // and Kind), then a compare-and-set write of its one machine with
-// PutMachinesV2's rules, all at this command's index and in its one
+// PutMachinesV2's rules (agent_report_v2: put_machines_v4's), all at this command's index and in its one
 // transaction, so a refused write leaves no event behind. The machine must
 // exist and be named by ID and current ResourceVersion: a report never
 // creates one.
@@ -548,7 +559,11 @@ func agentReport(a *applyCtx, c *command) ([]json.RawMessage, []any, error) {
 			return nil, nil, err
 		}
 	}
-	raw, err := putMachine(a, m, ruleV2)
+	rule := ruleV2
+	if c.Type == CmdAgentReportV2 {
+		rule = ruleV4
+	}
+	raw, err := putMachine(a, m, rule)
 	if err != nil {
 		return nil, nil, err
 	}

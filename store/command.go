@@ -44,6 +44,8 @@ const (
 	CmdRenewMember                       // 27: Member (ID, CertSerial, CertNotAfter, CAHash): a node's renewed certificate (cluster.go)
 	CmdDeleteImageV3                     // 28: ID; as 15, and leaves an image tombstone (name, SHA-256) so every node removes the file
 	CmdBindLeasesV2                      // 29: Leases; as 18, and a release ends only the binding whose Expiry it names, and a binding never shortens the same client's binding
+	CmdPutMachinesV4                     // 30: Machines; as 25, under transitionsV4 and keeping the round-3 fields (build, attestation, burn-in, firmware) as written
+	CmdAgentReportV2                     // 31: Events + Machines (exactly 1, CAS); as 17, under put_machines_v4's rules
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -57,7 +59,8 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"put_bmc", "put_secret", "put_image", "delete_image", "put_job", "put_leases",
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
-	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2"}
+	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2",
+	"put_machines_v4", "agent_report_v2"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {

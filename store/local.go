@@ -101,7 +101,7 @@ func (l *localLog) commit(ctx context.Context, c *command) ([]json.RawMessage, [
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	upgradeCommand(c, true)
+	upgradeCommand(c, func(CommandType) error { return nil }) // one node: it understands every command
 	prepare(c)
 	data, err := encodeCommand(c)
 	if err != nil {

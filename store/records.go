@@ -106,12 +106,12 @@ var transitionsV3 = map[MachineState][]MachineState{
 }
 
 // Valid reports whether s is one of AllStates.
-func (s MachineState) Valid() bool { _, ok := transitionsV3[s]; return ok }
+func (s MachineState) Valid() bool { _, ok := transitionsV4[s]; return ok }
 
 // CanTransition reports whether from → to is a legal lifecycle transition
-// under the current table (put_machines_v3, the one the lifecycle checks
+// under the current table (put_machines_v4, the one the lifecycle checks
 // before it writes).
-func CanTransition(from, to MachineState) bool { return canTransition(transitionsV3, from, to) }
+func CanTransition(from, to MachineState) bool { return canTransition(transitionsV4, from, to) }
 
 // CanTransitionV2 is CanTransition under the table of the commands before
 // issue 14 (what a node that does not understand command 25 applies).
@@ -264,6 +264,24 @@ type Machine struct {
 	Remediation *Remediation `json:"remediation,omitempty"`
 	// Drain is the request to the claim's owner before a disruptive step.
 	Drain *Drain `json:"drain,omitempty"`
+
+	// Round 3 (issues 15, 16, 17): written only by put_machines_v4 (30)
+	// and agent_report_v2 (31). The older machine commands keep what the
+	// stored record holds (keepV4Fields), as a node that predates them does.
+
+	// Build is the gated build's record: the release and layers chosen and
+	// why, the per-node layer hash, the first-boot report (issue 15,
+	// store/build_record.go).
+	Build *BuildRecord `json:"build,omitempty"`
+	// Attestation is the last TPM attestation result (issue 16,
+	// store/attest_record.go).
+	Attestation *AttestationRecord `json:"attestation,omitempty"`
+	// BurnIn is the last burn-in result (issue 17, store/burnin_record.go).
+	BurnIn *BurnInRecord `json:"burn_in,omitempty"`
+	// Firmware is the firmware inventory, BIOS attributes and drift from
+	// the model's baseline as last read from the BMC (issue 17,
+	// store/firmware_record.go).
+	Firmware *FirmwareRecord `json:"firmware,omitempty"`
 }
 
 // Maintenance is the maintenance flag (Ironic: maintenance + maintenance_reason).

@@ -50,7 +50,7 @@ func prepare(c *command) {
 	case c.Job != nil:
 		setID(&c.Job.Meta, "job-")
 	}
-	if c.Type == CmdAgentReport {
+	if c.Type == CmdAgentReport || c.Type == CmdAgentReportV2 {
 		return
 	}
 	for i := range c.Machines {
@@ -101,7 +101,7 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 	if err := s.checkVersionsWait(ctx, c.Type); err != nil {
 		return nil, nil, err
 	}
-	upgradeCommand(c, c.Type == CmdPutMachinesV2 && s.checkVersions(CmdPutMachinesV3) == nil)
+	upgradeCommand(c, s.checkVersions)
 	prepare(c)
 	data, err := encodeCommand(c)
 	if err != nil {
@@ -130,14 +130,25 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 	return res.Values, res.Recs, res.Err
 }
 
-// upgradeCommand writes a put_machines_v2 as put_machines_v3 when every
-// node understands it (ok): V3 is V2 under the wider table, keeping the
-// issue-14 fields as the write gives them, so a write that clears them
-// (ending maintenance, say) clears them instead of keeping the stored
-// values as V2 must.
-func upgradeCommand(c *command, ok bool) {
-	if ok && c.Type == CmdPutMachinesV2 {
-		c.Type = CmdPutMachinesV3
+// upgradeCommand writes a machine command as the newest one every node
+// understands (check returns nil for a command type they all do):
+// put_machines_v2 and v3 as put_machines_v4, else v2 as v3; agent_report as
+// agent_report_v2. Each newer command is the older under a wider table,
+// keeping the newer fields as the write gives them, so a write that clears
+// them (ending maintenance, say) clears them instead of keeping the stored
+// values as the older command must.
+func upgradeCommand(c *command, check func(CommandType) error) {
+	switch c.Type {
+	case CmdPutMachinesV2, CmdPutMachinesV3:
+		if check(CmdPutMachinesV4) == nil {
+			c.Type = CmdPutMachinesV4
+		} else if c.Type == CmdPutMachinesV2 && check(CmdPutMachinesV3) == nil {
+			c.Type = CmdPutMachinesV3
+		}
+	case CmdAgentReport:
+		if check(CmdAgentReportV2) == nil {
+			c.Type = CmdAgentReportV2
+		}
 	}
 }
 

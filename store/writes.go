@@ -73,15 +73,21 @@ func (s *Store) PutMachine(ctx context.Context, m Machine, w W) (Machine, error)
 	return one[Machine](s.write(ctx, &command{Type: machinesCmd(m), W: w, Machines: []Machine{m}}))
 }
 
-// machinesCmd is the command for a write of ms: put_machines_v3 when any
-// uses it, else put_machines_v2.
+// machinesCmd is the command for a write of ms: put_machines_v4 when any
+// uses a round-3 field, else put_machines_v3 when any uses an issue-14
+// one, else put_machines_v2 (upgradeCommand writes the newest every node
+// understands).
 func machinesCmd(ms ...Machine) CommandType {
+	t := CmdPutMachinesV2
 	for i := range ms {
+		if ms[i].UsesV4() {
+			return CmdPutMachinesV4
+		}
 		if ms[i].UsesV3() {
-			return CmdPutMachinesV3
+			t = CmdPutMachinesV3
 		}
 	}
-	return CmdPutMachinesV2
+	return t
 }
 
 // PutMachines applies PutMachine to every element in ONE raft command,
@@ -147,8 +153,17 @@ func machinesOut(vals []json.RawMessage, recs []any, err error) ([]Machine, erro
 // ResourceVersion: re-read the machine and build the report again),
 // ErrNotFound (machine deleted), *IllegalTransitionError, ErrDuplicateMAC,
 // ErrInvalid, ErrNotLeader, ErrTimeout.
+//
+// Round 3: the report is command 31 (agent_report_v2, put_machines_v4's
+// rules) when m holds a round-3 field (Machine.UsesV4), refused with
+// *UnsupportedByClusterError while a node predates it; otherwise command
+// 17, which the leader writes as 31 once every node understands it.
 func (s *Store) ReportAgent(ctx context.Context, m Machine, evs []Event, w W) (Machine, error) {
-	return one[Machine](s.write(ctx, &command{Type: CmdAgentReport, W: w, Machines: []Machine{m}, Events: evs}))
+	t := CmdAgentReport
+	if m.UsesV4() {
+		t = CmdAgentReportV2
+	}
+	return one[Machine](s.write(ctx, &command{Type: t, W: w, Machines: []Machine{m}, Events: evs}))
 }
 
 // PutRepairBrake writes the remediation brake record (command 26,
