@@ -593,19 +593,24 @@ func (c *Controller) markFailed(m *store.Machine, from, why string, agentUp, noE
 func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (store.Machine, error) {
 	now := c.now()
 	alive := c.agentAlive(id)
-	erase := false
+	erase, agentUp := false, false
 	m, err := c.update(ctx, id, store.W{Actor: ActorRemediation, Reason: ReasonEraseForRMA, Message: truncate(from+": "+why, 512)}, func(m *store.Machine) error {
 		if m.Remediation != nil && m.Remediation.Outcome == "" && m.Remediation.Step != from {
 			return errNoChange // moved meanwhile
 		}
-		erase = c.markFailed(m, from, why, alive && (m.State == store.StateInspecting || m.State == store.StateAvailable), false, now)
+		// The agent runs the erase only while the machine is in it
+		// (inspecting, available). A machine declared failed after its
+		// reprovision has just rebooted into its disk: its agent reported
+		// seconds ago (alive) but is gone, so it must be PXE-booted.
+		agentUp = alive && (m.State == store.StateInspecting || m.State == store.StateAvailable)
+		erase = c.markFailed(m, from, why, agentUp, false, now)
 		return nil
 	})
 	if err != nil {
 		return m, err
 	}
 	if erase {
-		if !alive {
+		if !agentUp {
 			c.powerIntoAgent(ctx, m, store.StateErasing)
 		}
 		return m, nil
