@@ -598,12 +598,13 @@ func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (s
 		if m.Remediation != nil && m.Remediation.Outcome == "" && m.Remediation.Step != from {
 			return errNoChange // moved meanwhile
 		}
-		// The agent runs the erase only while the machine is in it
-		// (inspecting, available). A machine declared failed after its
-		// reprovision has just rebooted into its disk: its agent reported
-		// seconds ago (alive) but is gone, so it must be PXE-booted.
-		agentUp = alive && (m.State == store.StateInspecting || m.State == store.StateAvailable)
-		erase = c.markFailed(m, from, why, agentUp, false, now)
+		// A live agent takes the erase task at its next poll; the
+		// machine is PXE-booted into one otherwise. Alive (it reported
+		// within AgentStaleAfter) is not enough: a machine declared failed
+		// after its reprovision has just rebooted into its disk, and its
+		// agent reported seconds ago but is gone (agentInEnv).
+		agentUp = alive && agentInEnv(m)
+		erase = c.markFailed(m, from, why, alive && (m.State == store.StateInspecting || m.State == store.StateAvailable), false, now)
 		return nil
 	})
 	if err != nil {
@@ -619,6 +620,16 @@ func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (s
 		return c.toRMA(ctx, id, "")
 	}
 	return m, nil
+}
+
+// agentInEnv reports whether m's last known place is the in-RAM
+// environment: not booted into its disk (provisioned, remediating: the
+// power-cycle step runs on the installed OS) and not at the build's reboot.
+func agentInEnv(m *store.Machine) bool {
+	if m.State == store.StateProvisioned || m.State == store.StateRemediating {
+		return false
+	}
+	return m.Step == nil || m.Step.Step != agentapi.StepReboot
 }
 
 // toRMA finishes a declared failure: erasing → rma (the erase's outcome in

@@ -282,3 +282,41 @@ func TestDeclaredFailedAfterReprovisionIsBootedForErase(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A reprovision that fails while the agent runs (it registered again
+// mid-build) is declared failed and erased by that same live agent: no
+// power cycle kills it first.
+func TestDeclaredFailedWithLiveAgentErasesWithoutPowerCycle(t *testing.T) {
+	f := newRemFleet(t, 1, 4, 1, func(c *Config) { c.Remediation.Settle = 2 * time.Second })
+	a := f.ids[0]
+	f.bmcs.setHealth(a, vbmc.HealthUpdate{System: "Critical", Chassis: "OK", Event: "Processor CPU1 IERR Asserted"})
+	must(t, f.c.PollHealth(bg))
+	f.tick(0)
+	f.tick(3 * time.Second)
+	m := f.mustState(a, store.StateInspecting)
+	task, err := f.c.AgentRegister(bg, a, agentapi.Registration{Inventory: inventory(m)})
+	must(t, err)
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("after the reinspection: task %s", task.Action)
+	}
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepCheck, State: agentapi.StateStarted, Attempt: task.Attempt}))
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepCheck, State: agentapi.StateSucceeded, Attempt: task.Attempt}))
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepStage, State: agentapi.StateStarted, Attempt: task.Attempt}))
+	// The agent restarts mid-build and registers again.
+	_, _ = f.c.AgentRegister(bg, a, agentapi.Registration{Inventory: inventory(m)})
+	if m = f.get(a); m.State != store.StateFailed {
+		t.Fatalf("after the agent restarted mid-build: %s %s", m.State, m.Reason)
+	}
+	ons0, _ := f.bmcs.powerCalls(a)
+	f.tick(0)
+	f.mustState(a, store.StateErasing)
+	task, err = f.c.AgentTask(bg, a)
+	must(t, err)
+	if task.Action != agentapi.ActionErase {
+		t.Fatalf("live agent's task %s, want erase", task.Action)
+	}
+	time.Sleep(200 * time.Millisecond) // a power job, if one were queued, runs on the workers
+	if ons, _ := f.bmcs.powerCalls(a); ons != ons0 {
+		t.Fatalf("power-ons %d → %d: the live agent was power-cycled away", ons0, ons)
+	}
+}
