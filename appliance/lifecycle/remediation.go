@@ -211,15 +211,28 @@ func (c *Controller) remediate(ctx context.Context) error {
 		}
 	}
 	now := c.now()
+	hold := c.sweepHold()
 	for _, x := range fresh {
-		if _, since := failure(x.m); now.Sub(since) < c.cfg.Remediation.StartHold {
-			continue // counted; its run starts once the failure is StartHold old
+		if _, since := failure(x.m); now.Sub(since) < hold {
+			continue // counted; its run starts once the failure is hold old
 		}
 		if _, err := c.startLadder(ctx, x.m.ID, x.why, StepPowerCycle, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// sweepHold is how old a counted failure must be before its ladder
+// starts: remediation.hold, and at least the last health sweep's duration,
+// so that a failure of many machines at once (which surfaces over one
+// sweep: 2,000 BMCs read by HealthPollWorkers take a while) is counted in
+// the brake in full before any of its machines is touched. Found by the
+// 2,000-machine day-2 run: with a 10 s hold and a longer sweep, 400
+// machines failing at once started ~1,900 BMC actions and never engaged
+// the brake.
+func (c *Controller) sweepHold() time.Duration {
+	return max(c.cfg.Remediation.StartHold, c.health.lastSweep())
 }
 
 // stepTimeout is step's timeout (zero: the step's own machinery bounds it).
