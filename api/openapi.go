@@ -87,6 +87,7 @@ var docOps = []docOp{
 	{Method: "POST", Path: "/v1/images", Summary: "Upload an image (streamed body, declared sha256)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, Resp: Image{}},
 	{Method: "GET", Path: "/v1/images/{id}", Summary: "Get an image", Role: RoleViewer, Status: 200, Resp: Image{}},
 	{Method: "PUT", Path: "/v1/images/{id}", Summary: "Upload an image under a chosen ID: 201 when new; 200 with the stored image, the body unread, when that ID already holds the same name, version, format and sha256 (idempotent); 409 when it holds other content (images are immutable)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, AlsoStatus: 200, Resp: Image{}},
+	{Method: "PUT", Path: "/v1/images/{id}/manifest", Summary: "Make the image a release (issue 15): layers pinned by SHA-256 (the base layer is the image itself; every other layer a raw catalog image) and the kubeadm version it carries; the same manifest again is 200 unchanged, another one 409 (manifests are immutable)", Role: RoleAdmin, Body: ManifestRequest{}, Status: 200, Resp: Image{}},
 	{Method: "DELETE", Path: "/v1/images/{id}", Summary: "Delete an image (409 image_in_use while a machine's claim names it; release the machine first)", Role: RoleAdmin, Status: 204},
 
 	{Method: "GET", Path: "/v1/jobs", Summary: "List jobs", Role: RoleViewer, Query: []docParam{{Name: "machine", Type: "string", Desc: "only jobs of this machine"}}, Status: 200, Resp: JobList{}},

@@ -299,6 +299,7 @@ func (s *Server) routes() {
 	e.GET("/v1/images/:id", s.getImage, view)
 	e.PUT("/v1/images/:id", s.uploadImage, admin)
 	e.DELETE("/v1/images/:id", s.deleteImage, admin)
+	e.PUT("/v1/images/:id/manifest", s.putManifest, admin)
 
 	e.GET("/v1/jobs", s.listJobs, view)
 	e.GET("/v1/jobs/:id", s.getJob, view)

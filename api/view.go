@@ -135,6 +135,30 @@ type Image struct {
 	Size    uint64 `json:"size_bytes"`
 	Format  string `json:"format"` // raw | gzip | zstd
 	Source  string `json:"source"` // URL or path it came from
+	// Layers and KubeadmVersion are the release manifest (issue 15;
+	// PUT /v1/images/{id}/manifest): absent for a plain image.
+	Layers         []Layer `json:"layers,omitempty"`
+	KubeadmVersion string  `json:"kubeadm_version,omitempty"`
+}
+
+// Layer is one layer of a release manifest. Name is 1..32 of [a-z0-9-];
+// the first layer is "base" (the image's own file, when "always"). Image
+// is the catalog image holding the layer (its file is served at
+// /images/{name} on every node); SHA256 (hex) and Size (bytes) pin it.
+// When is the selection rule: always | role:control-plane | pci:10de/03
+// (an NVIDIA display/3D device) | cpu:vmx|svm (hardware virtualization).
+// PartName (answers only) is the GPT partition the agent writes it to.
+// VerityRootHash (hex) and VerityHashOffset (bytes) locate the layer's
+// dm-verity tree.
+type Layer struct {
+	Name             string `json:"name"`
+	Image            string `json:"image,omitempty"`
+	SHA256           string `json:"sha256,omitempty"`
+	Size             uint64 `json:"size_bytes,omitempty"`
+	When             string `json:"when"`
+	PartName         string `json:"part_name,omitempty"`
+	VerityRootHash   string `json:"verity_root_hash,omitempty"`
+	VerityHashOffset uint64 `json:"verity_hash_offset,omitempty"`
 }
 
 // Job is one BMC or lifecycle action with its state.
@@ -244,8 +268,21 @@ func rackView(r store.Rack) Rack {
 }
 
 func imageView(im store.Image) Image {
-	return Image{Meta: metaView(im.Meta), Name: im.Name, Version: im.Version, SHA256: im.SHA256, Size: im.Size,
-		Format: im.Format, Source: im.Source}
+	out := Image{Meta: metaView(im.Meta), Name: im.Name, Version: im.Version, SHA256: im.SHA256, Size: im.Size,
+		Format: im.Format, Source: im.Source, KubeadmVersion: im.KubeadmVersion}
+	for _, l := range im.Layers {
+		out.Layers = append(out.Layers, Layer(l))
+	}
+	return out
+}
+
+// storeLayers is the manifest of a request as the domain takes it.
+func storeLayers(ls []Layer) []store.Layer {
+	out := make([]store.Layer, len(ls))
+	for i, l := range ls {
+		out[i] = store.Layer(l)
+	}
+	return out
 }
 
 func jobView(j store.Job) Job {

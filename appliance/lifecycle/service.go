@@ -131,6 +131,9 @@ func (s *Service) EnrollBMC(ctx context.Context, machineID string, b store.BMC, 
 func (s *Service) UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error) {
 	return s.c.UploadImage(ctx, meta, r, w)
 }
+func (s *Service) SetManifest(ctx context.Context, id string, layers []store.Layer, kubeadm string, w store.W) (store.Image, error) {
+	return s.c.SetManifest(ctx, id, layers, kubeadm, w)
+}
 func (s *Service) DeleteImage(ctx context.Context, id string, w store.W) error {
 	return s.c.DeleteImage(ctx, id, w)
 }
