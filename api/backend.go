@@ -87,6 +87,12 @@ type Backend interface {
 	// VerifyAgentToken reports whether token is the current per-boot agent
 	// token of machineID.
 	VerifyAgentToken(machineID, token string) bool
+	// Issue 15: the secret files of the per-node layer (behind the
+	// credential gate), and the installed OS's first-boot report with its
+	// token check.
+	AgentCredentials(ctx context.Context, machineID string) (agentapi.Credentials, error)
+	VerifyFirstBootToken(machineID, token string) bool
+	FirstBoot(ctx context.Context, machineID string, rep agentapi.FirstBootReport) (store.Machine, error)
 }
 
 // Health is the appliance's view of itself, served by /readyz and

@@ -100,6 +100,8 @@ var docOps = []docOp{
 	{Method: "POST", Path: "/v1/agent/register", Summary: "Agent: register with inventory, get a task", Role: RoleAgent, Body: agentapi.Registration{}, Status: 200, Resp: agentapi.Task{}},
 	{Method: "GET", Path: "/v1/agent/task", Summary: "Agent: poll for the next task (X-Kiln-Machine header)", Role: RoleAgent, Status: 200, Resp: agentapi.Task{}},
 	{Method: "POST", Path: "/v1/agent/report", Summary: "Agent: report a step", Role: RoleAgent, Body: agentapi.Report{}, Status: 204},
+	{Method: "GET", Path: "/v1/agent/credentials", Summary: "Agent: the secret files of a release build's per-node layer (first-boot token, kubeadm configuration with the cluster token, cluster CA); 403 credentials_refused outside a release build or when the credential gate refuses", Role: RoleAgent, Status: 200, Resp: agentapi.Credentials{}},
+	{Method: "POST", Path: "/v1/agent/firstboot", Summary: "Installed OS: the one first-boot report (bearer = the first-boot token of /etc/kiln/firstboot.json; any node accepts it); provisioned is recorded from it", Role: RoleAgent, Body: agentapi.FirstBootReport{}, Status: 204},
 }
 
 // schemaGen turns Go types into OpenAPI schemas under components/schemas.

@@ -309,6 +309,8 @@ func (s *Server) routes() {
 	e.POST("/v1/agent/register", s.agentRegister)
 	e.GET("/v1/agent/task", s.agentTask)
 	e.POST("/v1/agent/report", s.agentReport)
+	e.GET("/v1/agent/credentials", s.agentCredentials)
+	e.POST("/v1/agent/firstboot", s.agentFirstBoot)
 
 	s.clusterRoutes(admin, view)         // cluster.go
 	s.backupRoutes(admin)                // backup.go

@@ -117,4 +117,3 @@ func TestV4KeepsClusterAndInspection(t *testing.T) {
 		}
 	}
 }
-

@@ -143,6 +143,15 @@ func (s *Service) DeleteImage(ctx context.Context, id string, w store.W) error {
 func (s *Service) AgentRegister(ctx context.Context, id string, reg agentapi.Registration) (agentapi.Task, error) {
 	return s.c.AgentRegister(ctx, id, reg)
 }
+func (s *Service) AgentCredentials(ctx context.Context, id string) (agentapi.Credentials, error) {
+	return s.c.AgentCredentials(ctx, id)
+}
+func (s *Service) VerifyFirstBootToken(id, token string) bool {
+	return s.c.VerifyFirstBootToken(id, token)
+}
+func (s *Service) FirstBoot(ctx context.Context, id string, rep agentapi.FirstBootReport) (store.Machine, error) {
+	return s.c.FirstBoot(ctx, id, rep)
+}
 func (s *Service) AgentReport(ctx context.Context, id string, rep agentapi.Report) error {
 	return s.c.AgentReport(ctx, id, rep)
 }
