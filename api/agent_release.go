@@ -57,7 +57,7 @@ func (s *Server) agentFirstBoot(c echo.Context) error {
 			return fmt.Errorf("%w: cannot check the first-boot token of machine %q while this node's store catches up (%v); retry", store.ErrTimeout, id, err)
 		}
 		if !s.b.VerifyFirstBootToken(id, tok) {
-			s.m.authFailures.WithLabelValues("firstboot").Inc()
+			s.m.authFailures.WithLabelValues("first_boot").Inc()
 			return fmt.Errorf("%w: first-boot token not valid for machine %q", ErrForbidden, id)
 		}
 	}
