@@ -289,6 +289,9 @@ func (c *Controller) retryBuild(ctx context.Context, id string) (store.Machine, 
 		m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
 		m.Step.Attempt = attempt
 		m.Step.Rewrite = prev.Rewrite || (prev.Step != agentapi.StepCheck || prev.State == string(agentapi.StateSucceeded))
+		if m.Build != nil {
+			m.Build.Attempt = attempt // the same layers and first-boot token; digests come with this attempt's finalize
+		}
 		return nil
 	})
 }
