@@ -119,6 +119,7 @@ func machineDetail(m api.Machine) func(*tabwriter.Writer) {
 		if m.Claim != nil {
 			row(tw, "Claim:", "image="+m.Claim.Image, "role="+dash(m.Claim.Role), "host="+dash(m.Claim.Hostname))
 		}
+		releaseDetail(tw, m) // issue 15 (cli_release.go)
 		if m.Step != nil {
 			row(tw, "Step:", m.Step.Step, m.Step.State, dash(m.Step.Reason), fmt.Sprintf("%.0f%%", m.Step.Progress*100))
 		}

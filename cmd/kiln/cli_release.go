@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -92,4 +93,59 @@ func (c *clusterFlags) block() (*api.ClusterBlock, error) {
 	}
 	return &api.ClusterBlock{Role: c.role, ControlPlaneHost: c.host, KubernetesVersion: c.version,
 		ClusterToken: strings.TrimSpace(string(b))}, nil
+}
+
+// releaseDetail adds issue 15's part of `kiln machines get`: what
+// inspection found for layer choice (PCI devices, CPU virtualization, TPM),
+// the claim's cluster block (never its token) and the build record
+// (layers chosen and skipped with their reasons, digests, first boot).
+func releaseDetail(tw *tabwriter.Writer, m api.Machine) {
+	if d := m.Discovered; d != nil {
+		for _, p := range d.PCI {
+			row(tw, "PCI:", p.Address, fmt.Sprintf("%04x:%04x", p.VendorID, p.DeviceID), fmt.Sprintf("class 0x%06x", p.Class))
+		}
+		if len(d.CPUFlags) > 0 {
+			virt := "none"
+			for _, f := range d.CPUFlags {
+				if f == "vmx" || f == "svm" {
+					virt = f
+				}
+			}
+			row(tw, "CPU flags:", len(d.CPUFlags), "virtualization="+virt)
+		}
+		if d.TPM != nil {
+			row(tw, "TPM:", d.TPM.Version, dash(d.TPM.Manufacturer))
+		}
+	}
+	if m.Claim != nil && m.Claim.Cluster != nil {
+		cc := m.Claim.Cluster
+		tok := "token=set"
+		if cc.TokenWeak {
+			tok = "token=set (weak: below ~128 bits)"
+		}
+		row(tw, "Cluster:", "role="+cc.Role, "control_plane="+dash(cc.ControlPlaneHost), "kubernetes="+cc.KubernetesVersion, tok)
+	}
+	b := m.Build
+	if b == nil {
+		return
+	}
+	row(tw, "Release:", b.Release, "kubeadm="+dash(b.KubeadmVersion), fmt.Sprintf("attempt %d", b.Attempt))
+	for _, l := range b.Layers {
+		w := "not written yet"
+		if l.Written != nil {
+			w = "written " + short(l.Written.SHA256)
+		}
+		row(tw, "Layer:", l.Name, short(l.SHA256), w, l.Reason)
+	}
+	for _, l := range b.Skipped {
+		row(tw, "Skipped:", l.Name, l.Reason)
+	}
+	if b.NodeLayerSHA256 != "" {
+		row(tw, "Node layer:", short(b.NodeLayerSHA256), b.SSHHostKeyFingerprint)
+	}
+	if fb := b.FirstBoot; fb != nil {
+		row(tw, "First boot:", fb.Phase, fb.Outcome, dash(fb.Reason), map[bool]string{true: "matches the build", false: "DOES NOT MATCH"}[fb.Match], fb.Message)
+	} else if !b.FirstBootDeadline.IsZero() {
+		row(tw, "First boot:", "awaited by "+b.FirstBootDeadline.Format(time.RFC3339))
+	}
 }

@@ -55,4 +55,8 @@ func TestCLIReleaseAndClusterBlock(t *testing.T) {
 		got.Claim.Cluster.ControlPlaneHost != "cp.example:6443" || !got.Claim.Cluster.TokenSet || strings.Contains(out, tok) {
 		t.Fatalf("provision with a cluster block: %v\n%s", err, out)
 	}
+	if out := e.admin("machines", "get", m.ID); !strings.Contains(out, "role=worker") || !strings.Contains(out, "token=set") ||
+		!strings.Contains(out, "kubernetes=v1.31.2") || strings.Contains(out, tok) {
+		t.Fatalf("machines get:\n%s", out)
+	}
 }
