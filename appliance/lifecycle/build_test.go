@@ -371,3 +371,35 @@ func TestReleaseFinalizeDigestMismatch(t *testing.T) {
 		t.Fatalf("%s %q", m.Reason, m.Message)
 	}
 }
+
+// BootFor: failed and quarantined machines are never told to boot their
+// disk, whatever their netboot flag; provisioned and retired boot it.
+func TestBootForNeverFailedDisk(t *testing.T) {
+	s := newStore(t)
+	h := newHarness(t, s, nil)
+	off := false
+	for i, tc := range []struct {
+		state   store.MachineState
+		netboot *bool
+		want    string
+	}{
+		{store.StateFailed, nil, BootAgent},
+		{store.StateFailed, &off, BootAgent},
+		{store.StateQuarantined, nil, BootAgent},
+		{store.StateQuarantined, &off, BootAgent},
+		{store.StateProvisioned, nil, BootLocal},
+		{store.StateRetired, nil, BootLocal},
+		{store.StateAvailable, &off, BootLocal},
+	} {
+		mac := "52:54:00:15:00:" + string("0123456789abcdef"[i/16]) + string("0123456789abcdef"[i%16])
+		m := seed(t, s, store.Machine{Intended: store.Hardware{NICs: []store.NIC{{MAC: mac}}}, Netboot: tc.netboot}, tc.state)
+		b, err := h.c.BootFor(bg, mac)
+		must(t, err)
+		if b.Action != tc.want || b.MachineID != m.ID {
+			t.Errorf("%s (netboot %v): %+v, want %s", tc.state, tc.netboot, b, tc.want)
+		}
+		if tc.want == BootAgent && (b.Token == "" || !h.c.VerifyAgentToken(m.ID, b.Token)) {
+			t.Errorf("%s: agent boot without a valid token", tc.state)
+		}
+	}
+}
