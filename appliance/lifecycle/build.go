@@ -392,7 +392,9 @@ func recordBuild(m *store.Machine, rep *agentapi.BuildReport, now time.Time) err
 }
 
 // awaitsFirstBoot reports whether m's build is a release build, whose
-// provisioned is recorded only from the OS's first-boot report.
+// provisioned is recorded only from the OS's first-boot report: a build
+// record with a first-boot token, of the release the claim names (a record
+// an older command kept from an earlier claim does not count).
 func awaitsFirstBoot(m store.Machine) bool {
-	return m.Build != nil && m.Build.FirstBootTokenHash != ""
+	return m.Build != nil && m.Build.FirstBootTokenHash != "" && (m.Claim == nil || m.Claim.Image == m.Build.Release)
 }

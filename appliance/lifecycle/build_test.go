@@ -193,7 +193,11 @@ func TestReleaseBuildFirstBoot(t *testing.T) {
 	must(t, h.c.checkDeadlines(bg))
 	h.mustState(a.ID, store.StateProvisioning)
 
-	if h.c.VerifyFirstBootToken(a.ID, "0"+fb.Token[1:]) || h.c.VerifyFirstBootToken(a.ID, "") {
+	wrong := "0" + fb.Token[1:]
+	if fb.Token[0] == '0' {
+		wrong = "1" + fb.Token[1:]
+	}
+	if h.c.VerifyFirstBootToken(a.ID, wrong) || h.c.VerifyFirstBootToken(a.ID, "") {
 		t.Fatal("a wrong first-boot token verified")
 	}
 	rep := agentapi.FirstBootReport{MachineID: a.ID, Phase: agentapi.PhaseNodeLayer, Outcome: agentapi.OutcomeSucceeded,
