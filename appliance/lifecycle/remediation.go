@@ -593,11 +593,17 @@ func (c *Controller) markFailed(m *store.Machine, from, why string, agentUp, noE
 func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (store.Machine, error) {
 	now := c.now()
 	alive := c.agentAlive(id)
-	erase := false
+	erase, agentUp := false, false
 	m, err := c.update(ctx, id, store.W{Actor: ActorRemediation, Reason: ReasonEraseForRMA, Message: truncate(from+": "+why, 512)}, func(m *store.Machine) error {
 		if m.Remediation != nil && m.Remediation.Outcome == "" && m.Remediation.Step != from {
 			return errNoChange // moved meanwhile
 		}
+		// A live agent takes the erase task at its next poll; the
+		// machine is PXE-booted into one otherwise. Alive (it reported
+		// within AgentStaleAfter) is not enough: a machine declared failed
+		// after its reprovision has just rebooted into its disk, and its
+		// agent reported seconds ago but is gone (agentInEnv).
+		agentUp = alive && agentInEnv(m)
 		erase = c.markFailed(m, from, why, alive && (m.State == store.StateInspecting || m.State == store.StateAvailable), false, now)
 		return nil
 	})
@@ -605,7 +611,7 @@ func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (s
 		return m, err
 	}
 	if erase {
-		if !alive {
+		if !agentUp {
 			c.powerIntoAgent(ctx, m, store.StateErasing)
 		}
 		return m, nil
@@ -614,6 +620,16 @@ func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (s
 		return c.toRMA(ctx, id, "")
 	}
 	return m, nil
+}
+
+// agentInEnv reports whether m's last known place is the in-RAM
+// environment: not booted into its disk (provisioned, remediating: the
+// power-cycle step runs on the installed OS) and not at the build's reboot.
+func agentInEnv(m *store.Machine) bool {
+	if m.State == store.StateProvisioned || m.State == store.StateRemediating {
+		return false
+	}
+	return m.Step == nil || m.Step.Step != agentapi.StepReboot
 }
 
 // toRMA finishes a declared failure: erasing → rma (the erase's outcome in
