@@ -92,6 +92,17 @@ func TestClusterTokenAndFirstBootAPI(t *testing.T) {
 	r = h.do("POST", "/v1/machines/"+m.ID+"/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: base.ID,
 		Cluster: &ClusterBlock{Role: "control-plane", ControlPlaneHost: "cp.example", KubernetesVersion: "v1.31.2", ClusterToken: tok}}})
 	h.want(r, 202, "")
+	if w := r.hdr.Get("Warning"); w != "" {
+		t.Fatalf("a strong token got a warning: %s", w)
+	}
+	// A weak token: accepted, with a warning.
+	m2 := h.machine("n2", "52:54:00:00:15:02", store.StateAvailable, nil)
+	r2 := h.do("POST", "/v1/machines/"+m2.ID+"/provision", operatorTok, ProvisionRequest{Claim: Claim{Image: base.ID,
+		Cluster: &ClusterBlock{Role: "worker", ControlPlaneHost: "cp.example", KubernetesVersion: "v1.31.2", ClusterToken: "abcdabcdabcdabcd"}}})
+	h.want(r2, 202, "")
+	if w := r2.hdr.Get("Warning"); !strings.Contains(w, "299") || !strings.Contains(w, "128 bits") || strings.Contains(string(r2.body), "abcdabcdabcdabcd") {
+		t.Fatalf("weak token: warning %q body %s", w, r2.body)
+	}
 	for _, who := range []string{viewerTok, operatorTok, adminTok} {
 		for _, path := range []string{"/v1/machines/" + m.ID, "/v1/machines", "/v1/events"} {
 			g := h.do("GET", path, who, nil)
