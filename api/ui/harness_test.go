@@ -54,7 +54,7 @@ type clock struct {
 	off time.Duration
 }
 
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return time.Now().Add(c.off) }
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return time.Now().Add(c.off) }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.off += d; c.mu.Unlock() }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -178,6 +178,12 @@ func (s *site) seed(ms []seedMachine) map[string]store.Machine {
 						m.Discovered = &hw
 					}
 					m.Step = sm.Step
+					switch m.State {
+					case store.StateFailed:
+						m.Reason, m.Message = "step_timeout", "no report from the inspect step within its deadline"
+					case store.StateQuarantined:
+						m.Reason, m.Message = "hardware_mismatch", "discovered serial and memory differ from the intended"
+					}
 				}
 				move = append(move, m)
 				idx = append(idx, i)

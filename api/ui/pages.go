@@ -108,6 +108,7 @@ type overviewPage struct {
 	Remediation *api.RemediationStatus
 	RemedErr    string
 	Racks       []rackSummary
+	RackNames   map[string]string // rack ID → name, for the failures
 }
 
 type stateCount struct {
@@ -144,7 +145,9 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request, p principal, cl *c
 	if err != nil {
 		return "", nil, err
 	}
+	pg.RackNames = map[string]string{}
 	for _, rk := range h.Racks {
+		pg.RackNames[rk.ID] = rk.Name
 		rs := rackSummary{ID: rk.ID, Name: rk.Name, Row: rk.Row}
 		n := map[store.MachineState]int{}
 		for _, m := range rk.all {
@@ -345,6 +348,7 @@ func (u *UI) rack(w http.ResponseWriter, r *http.Request, p principal, cl *clien
 
 type machinePage struct {
 	M          api.Machine
+	RackName   string
 	Hardware   []hwRow
 	Jobs       []api.Job
 	Leases     []api.Lease
@@ -371,7 +375,7 @@ func (u *UI) machine(w http.ResponseWriter, r *http.Request, p principal, cl *cl
 	l := &layout{Title: "Machine " + nameOf(pg.M), Nav: "machine", Cursor: pg.M.ResourceVersion, Live: "machine", Page: pg}
 	if d := r.URL.Query().Get("done"); d != "" {
 		if a, ok := actionByName[d]; ok {
-			l.Flash = fmt.Sprintf("%s requested; the machine is now %s.", a.Label, pg.M.State)
+			l.Flash = fmt.Sprintf("%s accepted by the API; the machine is %s. This page follows it live.", a.Label, pg.M.State)
 		}
 	}
 	if len(pg.Events) > 0 {
@@ -392,7 +396,12 @@ func (u *UI) loadMachine(ctx context.Context, cl *client.Client, id string) (*ma
 	if err != nil {
 		return nil, err
 	}
-	pg := &machinePage{M: m, Hardware: hardwareRows(m)}
+	pg := &machinePage{M: m, Hardware: hardwareRows(m), RackName: m.Rack}
+	if m.Rack != "" {
+		if rk, err := cl.GetRack(ctx, m.Rack); err == nil {
+			pg.RackName = rk.Name
+		}
+	}
 	if pg.Jobs, err = cl.ListJobs(ctx, id); err != nil {
 		return nil, err
 	}
