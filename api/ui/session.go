@@ -24,7 +24,7 @@ import (
 // the site opens it and no store command is needed (DESIGN.md "Sessions").
 
 // CookieName is the session cookie.
-const CookieName = "kiln_session"
+const CookieName = "kiln-session"
 
 // sessionInfo labels the key derivation (HMAC-SHA-256 of the site key).
 const sessionInfo = "kiln api/ui session cookie v1"

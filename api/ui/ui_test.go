@@ -246,14 +246,13 @@ func TestLiveStream(t *testing.T) {
 	if ct := res.Header.Get("Content-Type"); ct != "text/event-stream" {
 		t.Fatalf("content type %q", ct)
 	}
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		if _, err := s.d.Service.Provision(context.Background(), m.ID, store.Claim{Image: s.image.ID}, store.W{Actor: "token:root"}); err != nil {
-			t.Error(err)
-			return
-		}
-		s.agentPoll(m)
-	}()
+	// The claim and the agent's poll that starts the build, after the stream is open.
+	if _, err := s.d.Service.Provision(context.Background(), m.ID, store.Claim{Image: s.image.ID}, store.W{Actor: "token:root"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.agentPoll(m); st != store.StateProvisioning {
+		t.Fatalf("agent poll: %s", st)
+	}
 	sc := bufio.NewScanner(res.Body)
 	for sc.Scan() {
 		line := sc.Text()
