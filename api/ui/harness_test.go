@@ -37,15 +37,16 @@ const (
 // lifecycle controller in the test's directory), with the web UI mounted
 // as the appliance mounts it, on a real 127.0.0.1 listener.
 type site struct {
-	t     testing.TB
-	d     *lifecycletest.Domain
-	st    *store.Store
-	srv   *httptest.Server
-	api   *api.Server
-	ui    *ui.UI
-	keys  [][]byte
-	clock *clock
-	image store.Image
+	t      testing.TB
+	d      *lifecycletest.Domain
+	st     *store.Store
+	srv    *httptest.Server
+	api    *api.Server
+	ui     *ui.UI
+	keysMu sync.Mutex
+	keys   [][]byte
+	clock  *clock
+	image  store.Image
 }
 
 // clock is the UI's clock: real time plus an offset a test moves forward.
@@ -78,7 +79,7 @@ func newSite(t testing.TB) *site {
 		t.Fatal(err)
 	}
 	si := &site{t: t, d: d, st: d.Store, api: s, keys: [][]byte{key}, clock: &clock{}}
-	u, err := ui.New(ui.Config{API: s, Keys: func() [][]byte { return si.keys }, SessionTTL: time.Hour, Now: si.clock.Now}, testLogger(t))
+	u, err := ui.New(ui.Config{API: s, Keys: si.keyring, SessionTTL: time.Hour, Now: si.clock.Now}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +89,10 @@ func newSite(t testing.TB) *site {
 	t.Cleanup(si.srv.Close)
 	return si
 }
+
+// keyring is the site keyring the UI reads; setKeys replaces it (a rotation).
+func (s *site) keyring() [][]byte   { s.keysMu.Lock(); defer s.keysMu.Unlock(); return s.keys }
+func (s *site) setKeys(k ...[]byte) { s.keysMu.Lock(); s.keys = k; s.keysMu.Unlock() }
 
 // uploadImage puts a small raw image in the real catalog.
 func (s *site) uploadImage(data []byte) store.Image {

@@ -174,7 +174,7 @@ func TestSessionExpiry(t *testing.T) {
 	// Another node: a UI over the same site key accepts the cookie.
 	u, _ := url.Parse(s.srv.URL + "/ui/")
 	ck := c.Jar.Cookies(u)
-	other, err := ui.New(ui.Config{API: s.api, Keys: func() [][]byte { return s.keys }}, testLogger(t))
+	other, err := ui.New(ui.Config{API: s.api, Keys: s.keyring}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,3 +271,23 @@ func TestLiveStream(t *testing.T) {
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// TestSessionAcrossKeyRotation: a cookie sealed under the site key still
+// opens while a rotation has a new primary and the old key in the ring,
+// and no longer once the old key is dropped.
+func TestSessionAcrossKeyRotation(t *testing.T) {
+	s := newSite(t)
+	c := s.httpClient()
+	s.signIn(c, viewerTok)
+	old := s.keyring()[0]
+	k2 := make([]byte, 32)
+	rand.Read(k2)
+	s.setKeys(k2, old) // the new key is primary, the old one still opens
+	if p := s.get(c, "/ui/racks"); p.code != 200 {
+		t.Fatalf("during rotation: %d", p.code)
+	}
+	s.setKeys(k2) // the old key dropped
+	if p := s.get(c, "/ui/racks"); p.code != http.StatusSeeOther {
+		t.Fatalf("after the old key is dropped: %d", p.code)
+	}
+}

@@ -42,6 +42,8 @@
   function feed(ev) {
     var ol = document.getElementById("feed");
     if (!ol) return;
+    var hint = document.getElementById("feed-empty");
+    if (hint) hint.remove();
     var li = document.createElement("li");
     var id = ev.subject.indexOf("machine/") === 0 ? ev.subject.slice(8) : "";
     var a = document.createElement(id ? "a" : "span");
