@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"kiln/api"
+	"kiln/api/ui"
 	"kiln/appliance/lifecycle"
 	"kiln/bmc"
 	"kiln/dhcp"
@@ -210,6 +211,14 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		return nil, err
 	}
 	a.api = apiSrv
+	if !cfg.API.UI.Disabled {
+		webUI, err := ui.New(ui.Config{API: apiSrv, Keys: siteK.keyring, SessionTTL: cfg.API.UI.SessionTTL,
+			Secure: cfg.API.TLSCert != ""}, log)
+		if err != nil {
+			return nil, err
+		}
+		apiSrv.Mount(ui.Prefix, webUI, true)
+	}
 
 	a.boot, err = httpboot.New(httpboot.Config{
 		Addr:          cfg.Boot.HTTPAddr,
