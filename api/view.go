@@ -64,6 +64,10 @@ type Machine struct {
 	Health      []store.HealthCondition `json:"health,omitempty"`
 	Remediation *Remediation            `json:"remediation,omitempty"`
 	Drain       *store.Drain            `json:"drain,omitempty"`
+
+	// Firmware is the firmware inventory, BIOS attributes, baseline drift
+	// and last apply run as read from the BMC (issue 17; api/firmware.go).
+	Firmware *store.FirmwareRecord `json:"firmware,omitempty"`
 }
 
 // Remediation is the wire form of the ladder's record: the store's,
@@ -194,6 +198,7 @@ func machineView(m store.Machine, r Role) Machine {
 		BootMode: m.BootMode, IPv4: m.IPv4, BootOverride: m.BootOverride, Netboot: m.Netboot,
 		RootDisk: m.RootDisk, Wipe: m.Wipe, BMC: m.BMC, Claim: claimView(m.Claim, r), Step: m.Step,
 		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
+		Firmware: m.Firmware,
 	}
 }
 
