@@ -213,12 +213,24 @@ func (c *Controller) ReadFirmware(ctx context.Context, id string, w store.W) (st
 	return out, nil
 }
 
-// readFirmwareQuiet is ReadFirmware after an enrollment: a failure is
-// recorded on the machine, not returned.
+// readFirmwareQuiet is ReadFirmware after an enrollment, when the
+// machine's model has a baseline (without one there is no drift to show,
+// and a fleet's enrollment makes no extra BMC reads; `kiln firmware read`
+// reads any machine): a failure is recorded on the machine, not returned.
+// Bounded like the inventory read.
 func (c *Controller) readFirmwareQuiet(ctx context.Context, id string) {
 	if _, ok := c.firmwareBMC(); !ok {
 		return
 	}
+	m, err := c.st.GetMachine(id)
+	if err != nil {
+		return
+	}
+	if _, err := c.st.BaselineFor(hardwareModel(m)); err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, bmcInventoryTimeout)
+	defer cancel()
 	if _, err := c.ReadFirmware(ctx, id, store.W{Actor: "bmc", Reason: ReasonFirmwareRead}); err != nil {
 		c.logger().Info("firmware read after enrollment", "machine", id, "err", err)
 	}

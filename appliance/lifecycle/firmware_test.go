@@ -231,3 +231,34 @@ func TestBaselineReadDriftApply(t *testing.T) {
 		t.Fatalf("firmware events %v", kinds)
 	}
 }
+
+// EnrollBMC reads the firmware when the machine's model has a baseline
+// (the drift shows at once), and not otherwise (no extra BMC reads for a
+// fleet without baselines).
+func TestEnrollReadsFirmwareWithBaseline(t *testing.T) {
+	st := newStore(t)
+	h := newHarness(t, st, func(c *Config) { c.Inspection = InspectManual })
+	f := &fwFleet{vbmcFleet: newVBMCFleet(t), ipmi: map[string]bool{}}
+	h.c.bmc = f
+	_, err := h.c.SetBaseline(bg, store.Baseline{Vendor: "Acme", Model: "R1", BIOS: map[string]string{"MemTest": "Enabled"}}, store.W{Actor: "t"})
+	must(t, err)
+	for _, model := range []string{"R1", "R9"} {
+		m, err := st.PutMachine(bg, store.Machine{Name: "e-" + model, Intended: store.Hardware{Vendor: "Acme", Model: model}}, store.W{Actor: "t", Reason: "setup"})
+		must(t, err)
+		f.addModel(m.ID, "Acme", model, vbmc.Quirks{})
+		tg, _ := f.target(m.ID)
+		_, err = h.c.EnrollBMC(bg, m.ID, store.BMC{Address: tg.Address, Driver: "redfish", Username: "admin", CACertPEM: string(tg.CACertPEM)}, "Rem-Secret-1", store.W{Actor: "t"})
+		must(t, err)
+		m, _ = st.GetMachine(m.ID)
+		switch model {
+		case "R1":
+			if m.Firmware == nil || driftFields(m.Diff) != "bios.MemTest=Enabled/Disabled" {
+				t.Fatalf("R1 after enrollment: firmware %+v diff %+v", m.Firmware, m.Diff)
+			}
+		default:
+			if m.Firmware != nil {
+				t.Fatalf("R9 (no baseline) read at enrollment: %+v", m.Firmware)
+			}
+		}
+	}
+}
