@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"kiln/appliance/lifecycle/rules"
@@ -275,7 +276,8 @@ func typedAttr(cur any, v string) any {
 // "unsupported" (an IPMI-only BMC: ErrFirmwareUnsupported). The machine
 // must be out of service: ApplyBaseline resets it. Errors also:
 // ErrNoBaseline, ErrInvalid (no BMC), *StateError (provisioning,
-// inspecting, erasing, retired), store errors.
+// inspecting, erasing, retired), store.ErrConflict (a run for the machine
+// is already going on this node), store errors.
 //
 // It is the "firmware"/"bios" action campaigns call (issue 17).
 func (c *Controller) ApplyBaseline(ctx context.Context, id string, w store.W, progress func(store.FirmwareApply)) (store.FirmwareApply, error) {
@@ -290,6 +292,11 @@ func (c *Controller) ApplyBaseline(ctx context.Context, id string, w store.W, pr
 	if m.BMC == "" || !ok {
 		return store.FirmwareApply{}, fmt.Errorf("%w: machine %s has no BMC enrolled (POST /v1/machines/%s/bmc)", ErrInvalid, id, id)
 	}
+	key := applyKey{c, id}
+	if _, busy := applying.LoadOrStore(key, true); busy {
+		return store.FirmwareApply{}, fmt.Errorf("%w: machine %s: a baseline apply is already running on this node", store.ErrConflict, id)
+	}
+	defer applying.Delete(key)
 	vendor, model := hardwareModel(m)
 	bl, err := c.st.BaselineFor(vendor, model)
 	if errors.Is(err, store.ErrNotFound) {
@@ -485,6 +492,15 @@ func (c *Controller) ApplyBaseline(ctx context.Context, id string, w store.W, pr
 		}
 	}
 	return finish(FWSucceeded, nil)
+}
+
+// applying holds the (controller, machine) pairs with an ApplyBaseline
+// running: one run per machine at a time on a node.
+var applying sync.Map
+
+type applyKey struct {
+	c  *Controller
+	id string
 }
 
 // fwPlan is one firmware step of ApplyBaseline.
