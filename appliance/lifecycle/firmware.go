@@ -281,6 +281,23 @@ func typedAttr(cur any, v string) any {
 //
 // It is the "firmware"/"bios" action campaigns call (issue 17).
 func (c *Controller) ApplyBaseline(ctx context.Context, id string, w store.W, progress func(store.FirmwareApply)) (store.FirmwareApply, error) {
+	return c.ApplyBaselinePart(ctx, id, BaselineAll, w, progress)
+}
+
+// Parts of a baseline ApplyBaselinePart applies.
+const (
+	BaselineAll      = ""         // firmware, then BIOS
+	BaselineFirmware = "firmware" // the firmware components only
+	BaselineBIOS     = "bios"     // the BIOS attributes only
+)
+
+// ApplyBaselinePart is ApplyBaseline restricted to part: BaselineFirmware
+// (the campaigns' "firmware" action), BaselineBIOS ("bios") or BaselineAll.
+// ErrInvalid for another part.
+func (c *Controller) ApplyBaselinePart(ctx context.Context, id, part string, w store.W, progress func(store.FirmwareApply)) (store.FirmwareApply, error) {
+	if part != BaselineAll && part != BaselineFirmware && part != BaselineBIOS {
+		return store.FirmwareApply{}, fmt.Errorf("%w: baseline part %q: want firmware, bios or both", ErrInvalid, part)
+	}
 	m, err := c.st.GetMachine(id)
 	if err != nil {
 		return store.FirmwareApply{}, fmt.Errorf("lifecycle: apply baseline to %s: %w", id, err)
@@ -384,6 +401,9 @@ func (c *Controller) ApplyBaseline(ctx context.Context, id string, w store.W, pr
 	// plan: firmware steps, then one BIOS step
 	var plan []fwPlan
 	for _, f := range bl.Firmware {
+		if part == BaselineBIOS {
+			break
+		}
 		cur, listed := byName[f.Component]
 		if listed && cur.Version == f.Version {
 			continue
@@ -392,7 +412,7 @@ func (c *Controller) ApplyBaseline(ctx context.Context, id string, w store.W, pr
 		run.Steps = append(run.Steps, store.FirmwareStep{Kind: "firmware", Target: f.Component, From: cur.Version, To: f.Version, State: FWPending})
 	}
 	biosStep := -1
-	if len(bl.BIOS) > 0 {
+	if len(bl.BIOS) > 0 && part != BaselineFirmware {
 		biosStep = len(run.Steps)
 		run.Steps = append(run.Steps, store.FirmwareStep{Kind: "bios", Target: "attributes", State: FWPending})
 	}

@@ -185,6 +185,25 @@ func TestBaselineReadDriftApply(t *testing.T) {
 		t.Fatalf("second apply: %+v, %v", run, err)
 	}
 
+	// the parts alone: BIOS drift put back by hand, then the "bios" part only
+	if _, err := f.ctl.ApplyBIOSAttributes(bg, mustTarget(t, f, m1.ID), map[string]any{"LogicalProc": "Disabled"}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	run, err = h.c.ApplyBaselinePart(bg, m1.ID, BaselineFirmware, store.W{Actor: "campaign:c1"}, nil)
+	if err != nil || run.State != FWSucceeded || len(run.Steps) != 0 {
+		t.Fatalf("firmware part at the baseline: %+v, %v", run, err)
+	}
+	if m, _ = st.GetMachine(m1.ID); driftFields(m.Diff) != "bios.LogicalProc=Enabled/Disabled" {
+		t.Fatalf("drift after the firmware part: %q", driftFields(m.Diff))
+	}
+	run, err = h.c.ApplyBaselinePart(bg, m1.ID, BaselineBIOS, store.W{Actor: "campaign:c1"}, nil)
+	if err != nil || run.State != FWSucceeded || len(run.Steps) != 1 || run.Steps[0].Target != "LogicalProc" {
+		t.Fatalf("bios part: %+v, %v", run, err)
+	}
+	if _, err := h.c.ApplyBaselinePart(bg, m1.ID, "nic", store.W{Actor: "t"}, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("unknown part: %v", err)
+	}
+
 	// a baseline whose image is missing: the step fails (task_failed), BIOS is skipped
 	m2 := mk("n2", "Acme", "R2")
 	f.addModel(m2.ID, "Acme", "R2", vbmc.Quirks{})
@@ -227,7 +246,7 @@ func TestBaselineReadDriftApply(t *testing.T) {
 			kinds[e.Kind+"/"+e.To]++
 		}
 	}
-	if kinds["firmware_applied/succeeded"] != 2 || kinds["firmware_apply_failed/failed"] != 1 || kinds["firmware_apply_failed/unsupported"] != 1 {
+	if kinds["firmware_applied/succeeded"] != 4 || kinds["firmware_apply_failed/failed"] != 1 || kinds["firmware_apply_failed/unsupported"] != 1 {
 		t.Fatalf("firmware events %v", kinds)
 	}
 }
@@ -261,4 +280,13 @@ func TestEnrollReadsFirmwareWithBaseline(t *testing.T) {
 			}
 		}
 	}
+}
+
+func mustTarget(t *testing.T, f *fwFleet, id string) bmc.Target {
+	t.Helper()
+	tg, err := f.tgt(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tg
 }
