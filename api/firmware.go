@@ -113,13 +113,11 @@ func (s *Server) readFirmware(c echo.Context) error {
 		return err
 	}
 	m, err := fb.ReadFirmware(c.Request().Context(), c.Param("id"), s.w(c, "", ""))
-	if err != nil && m.ID == "" {
+	if err != nil && (m.ID == "" || m.Firmware == nil) {
 		return err
 	}
-	if err != nil && m.Firmware == nil {
-		return err
-	}
-	// a failed read is recorded on the machine (firmware.error): the answer shows it
+	// a failed BMC read is recorded on the machine (firmware.error, e.g.
+	// "unsupported" for IPMI): the answer shows it
 	return c.JSON(http.StatusOK, machineView(m, who(c).Role))
 }
 

@@ -147,15 +147,16 @@ func attrsText(m map[string]any) map[string]string {
 // Machine.Diff next to the hardware fields. A BMC that cannot (IPMI) is
 // recorded as Firmware.Error "unsupported" and returned as
 // ErrFirmwareUnsupported; another failed read is recorded with its reason
-// and returned. Errors: ErrInvalid (no BMC), store errors.
+// and returned (with the machine as written). Errors before any write
+// (ErrInvalid: no BMC; store errors) return a zero Machine.
 func (c *Controller) ReadFirmware(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	m, err := c.st.GetMachine(id)
 	if err != nil {
-		return m, fmt.Errorf("lifecycle: read firmware of %s: %w", id, err)
+		return store.Machine{}, fmt.Errorf("lifecycle: read firmware of %s: %w", id, err)
 	}
 	fb, ok := c.firmwareBMC()
 	if m.BMC == "" || !ok {
-		return m, fmt.Errorf("%w: machine %s has no BMC enrolled (POST /v1/machines/%s/bmc)", ErrInvalid, id, id)
+		return store.Machine{}, fmt.Errorf("%w: machine %s has no BMC enrolled (POST /v1/machines/%s/bmc)", ErrInvalid, id, id)
 	}
 	rctx, cancel := context.WithTimeout(ctx, firmwareReadTimeout)
 	defer cancel()
