@@ -36,7 +36,7 @@ func TestCLIBaselineAndFirmware(t *testing.T) {
 	}
 	m := e.machine("fw-1", 1, store.StateAvailable)
 	m.Firmware = &store.FirmwareRecord{Baseline: id, Components: []store.FirmwareVersion{{Name: "BIOS", Version: "1.0.0"}},
-		BIOS: map[string]string{"ProcVirtualization": "Enabled"},
+		BIOS:  map[string]string{"ProcVirtualization": "Enabled"},
 		Drift: []store.FieldDiff{{Field: "firmware.BIOS", Intended: "2.1.0", Discovered: "1.0.0"}},
 		Apply: &store.FirmwareApply{Baseline: id, State: "failed", Steps: []store.FirmwareStep{{Kind: "firmware", Target: "BIOS", From: "1.0.0",
 			To: "2.1.0", State: "failed", Reason: "task_failed", Message: "Transfer of the image failed"}}}}
