@@ -80,6 +80,9 @@ type Backend interface {
 	// retire, rma, reprovision, the remediation status and the brake.
 	RemediationBackend
 
+	// Firmware and BIOS baselines (issue 17; firmware.go).
+	FirmwareBackend
+
 	// Agent protocol (package agentapi).
 	AgentRegister(ctx context.Context, machineID string, reg agentapi.Registration) (agentapi.Task, error)
 	AgentTask(ctx context.Context, machineID string) (agentapi.Task, error)

@@ -362,6 +362,7 @@ func (s *Server) routes() {
 	s.clusterRoutes(admin, view)         // cluster.go
 	s.backupRoutes(admin)                // backup.go
 	s.remediationRoutes(view, op, admin) // remediation.go
+	s.firmwareRoutes(view, op, admin)    // firmware.go
 	s.leaseRoutes(view)                  // leases.go
 }
 

@@ -67,6 +67,9 @@ type Machine struct {
 
 	// Build is the release build's record (issue 15).
 	Build *Build `json:"build,omitempty"`
+	// Firmware is the firmware inventory, BIOS attributes, baseline drift
+	// and last apply run as read from the BMC (issue 17; api/firmware.go).
+	Firmware *store.FirmwareRecord `json:"firmware,omitempty"`
 }
 
 // Remediation is the wire form of the ladder's record: the store's,
@@ -267,7 +270,7 @@ func machineView(m store.Machine, r Role) Machine {
 		BootMode: m.BootMode, IPv4: m.IPv4, BootOverride: m.BootOverride, Netboot: m.Netboot,
 		RootDisk: m.RootDisk, Wipe: m.Wipe, BMC: m.BMC, Claim: claimView(m.Claim, r), Step: m.Step,
 		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
-		Build: buildView(m.Build),
+		Build: buildView(m.Build), Firmware: m.Firmware,
 	}
 }
 

@@ -411,6 +411,8 @@ func (a *Appliance) close() {
 func ErrorClasses() []api.ErrorClass {
 	return []api.ErrorClass{
 		{Err: lifecycle.ErrWrongState, Status: http.StatusConflict, Code: "wrong_state"},
+		{Err: lifecycle.ErrNoBaseline, Status: http.StatusNotFound, Code: "no_baseline"},
+		{Err: lifecycle.ErrFirmwareUnsupported, Status: http.StatusNotImplemented, Code: "unsupported"},
 		{Err: lifecycle.ErrInvalid, Status: http.StatusBadRequest, Code: "invalid"},
 		{Err: lifecycle.ErrBadReport, Status: http.StatusBadRequest, Code: "bad_report"},
 		{Err: lifecycle.ErrDigest, Status: http.StatusBadRequest, Code: "digest_mismatch"},

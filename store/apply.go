@@ -40,7 +40,7 @@ var (
 	bImageTombstones = []byte("image_tombstones")
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones, bBaselines}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -249,6 +249,11 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Brake)(putBrake(a, c.Brake))
 	case CmdRenewMember:
 		err = applyRenewMember(a, c.Member)
+	case CmdPutBaseline:
+		if c.Baseline == nil {
+			return nil, nil, 0, fmt.Errorf("%w: put_baseline without baseline", ErrBadCommand)
+		}
+		one(c.Baseline)(putBaseline(a, c.Baseline))
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}

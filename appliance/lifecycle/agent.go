@@ -57,6 +57,9 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 		d := hw
 		m.Discovered = &d
 		m.Diff = append(computeDiff(*m, hw, c.cfg.DiffPolicy, c.cfg.MemoryTolerance), extra...)
+		if m.Firmware != nil { // the baseline drift the BMC read found (firmware.go) stays in the diff
+			m.Diff = append(m.Diff, m.Firmware.Drift...)
+		}
 		switch m.State {
 		case store.StateRegistered, store.StateDiscovered:
 			m.State = store.StateInspecting

@@ -47,6 +47,10 @@ type Store interface {
 	// GetRepairBrake and PutRepairBrake are the remediation brake record
 	// (store command 26 put_remediation; brake.go).
 	GetRepairBrake() (store.RepairBrake, error)
+	// Baselines per hardware model (issue 17, command 35).
+	BaselineFor(vendor, model string) (store.Baseline, error)
+	PutBaseline(ctx context.Context, b store.Baseline, w store.W) (store.Baseline, error)
+	ListBaselines() ([]store.Baseline, error)
 	PutRepairBrake(ctx context.Context, b store.RepairBrake, w store.W) (store.RepairBrake, error)
 }
 
