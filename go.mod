@@ -5,6 +5,8 @@ go 1.26.8
 require (
 	github.com/bmc-toolbox/bmclib/v2 v2.3.5
 	github.com/go-logr/logr v1.4.2
+	github.com/google/go-attestation v0.6.4
+	github.com/google/go-tpm v0.9.8
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/hashicorp/raft v1.8.0
 	github.com/hashicorp/raft-boltdb/v2 v2.3.0

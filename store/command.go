@@ -46,6 +46,8 @@ const (
 	CmdBindLeasesV2                      // 29: Leases; as 18, and a release ends only the binding whose Expiry it names, and a binding never shortens the same client's binding
 	CmdPutMachinesV4                     // 30: Machines; as 25, under transitionsV4 and keeping the round-3 fields (build, attestation, burn-in, firmware) as written
 	CmdAgentReportV2                     // 31: Events + Machines (exactly 1, CAS); as 17, under put_machines_v4's rules
+	CmdReserved32                        // 32: put_image_v2 (issue 15, r15kiln's branch); not written or applied by this branch
+	CmdPutAttestState                    // 33: AttestStates (1..n, CAS each, all-or-nothing): approved measured-boot states per hardware model (issue 16)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -60,7 +62,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
 	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2",
-	"put_machines_v4", "agent_report_v2"}
+	"put_machines_v4", "agent_report_v2", "put_image_v2", "put_attest_state"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -122,6 +124,9 @@ type command struct {
 
 	// Brake is CmdPutRemediation's record.
 	Brake *RepairBrake `json:"brake,omitempty"`
+
+	// AttestStates is CmdPutAttestState's records (issue 16).
+	AttestStates []AttestState `json:"attest_states,omitempty"`
 }
 
 // encodeCommand returns the log-entry bytes: 1 byte CommandType, then the

@@ -40,6 +40,8 @@ const (
 	StepFinalize = "finalize"
 	StepReboot   = "reboot"
 	StepErase    = "erase"
+	// StepAttest (issue 16): between check and write; the TPM proves the measured boot (attest.go).
+	StepAttest = "attest"
 )
 
 // State is the closed set of step states.
@@ -71,12 +73,15 @@ const (
 	ReasonEraseFailed      Reason = "erase_failed"
 	ReasonTimeout          Reason = "timeout"
 	ReasonInternal         Reason = "internal_error"
+	// ReasonAttestationFailed (issue 16): the measured boot does not match an approved state, or the quote was refused.
+	ReasonAttestationFailed Reason = "attestation_failed"
 )
 
 // Reasons lists every non-empty Reason.
 var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
-	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal}
+	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
+	ReasonAttestationFailed}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
 const MaxMessageLen = 512
@@ -192,6 +197,7 @@ type Task struct {
 	Endpoints []string `json:"endpoints,omitempty"`
 	// ErasePolicy tunes an erase task; nil = the defaults documented on ErasePolicy.
 	ErasePolicy *ErasePolicy `json:"erase_policy,omitempty"`
+	Attest      bool         `json:"attest,omitempty"` // issue 16: run the attest step after check (attest.go)
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
