@@ -76,6 +76,7 @@ type Backend interface {
 	// Day 2 (issue 14; remediation.go): health, drain, power, maintenance,
 	// retire, rma, reprovision, the remediation status and the brake.
 	RemediationBackend
+	AttestBackend // attest.go (issue 16)
 
 	// Agent protocol (package agentapi).
 	AgentRegister(ctx context.Context, machineID string, reg agentapi.Registration) (agentapi.Task, error)

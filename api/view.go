@@ -64,6 +64,9 @@ type Machine struct {
 	Health      []store.HealthCondition `json:"health,omitempty"`
 	Remediation *Remediation            `json:"remediation,omitempty"`
 	Drain       *store.Drain            `json:"drain,omitempty"`
+
+	// Attestation is the last TPM attestation (issue 16, attest.go).
+	Attestation *Attestation `json:"attestation,omitempty"`
 }
 
 // Remediation is the wire form of the ladder's record: the store's,
@@ -194,6 +197,7 @@ func machineView(m store.Machine, r Role) Machine {
 		BootMode: m.BootMode, IPv4: m.IPv4, BootOverride: m.BootOverride, Netboot: m.Netboot,
 		RootDisk: m.RootDisk, Wipe: m.Wipe, BMC: m.BMC, Claim: claimView(m.Claim, r), Step: m.Step,
 		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
+		Attestation: attestationView(m.Attestation),
 	}
 }
 

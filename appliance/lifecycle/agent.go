@@ -30,7 +30,13 @@ import (
 var buildSteps = []string{agentapi.StepCheck, agentapi.StepWrite, agentapi.StepVerify,
 	agentapi.StepStage, agentapi.StepFinalize, agentapi.StepReboot}
 
-var knownSteps = map[string]bool{agentapi.StepInspect: true, agentapi.StepErase: true}
+// buildOrder is buildSteps with the attest step (issue 16, attest.go),
+// which runs only for a model that requires it, between check and write:
+// the order of staleReport.
+var buildOrder = []string{agentapi.StepCheck, agentapi.StepAttest, agentapi.StepWrite, agentapi.StepVerify,
+	agentapi.StepStage, agentapi.StepFinalize, agentapi.StepReboot}
+
+var knownSteps = map[string]bool{agentapi.StepInspect: true, agentapi.StepErase: true, agentapi.StepAttest: true}
 
 func init() {
 	for _, s := range buildSteps {
@@ -185,6 +191,7 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 			m.Reason, m.Message = ReasonBuildStarted, ""
 			m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
 			m.Step.Attempt = 1
+			invalidateAttestation(m)    // every build attests anew (attest.go)
 			c.reprovisionStarts(m, now) // a ladder at reinspect moves to reprovision
 			return nil
 		})
@@ -265,6 +272,7 @@ func (c *Controller) retryBuild(ctx context.Context, id string) (store.Machine, 
 		m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
 		m.Step.Attempt = attempt
 		m.Step.Rewrite = prev.Rewrite || (prev.Step != agentapi.StepCheck || prev.State == string(agentapi.StateSucceeded))
+		invalidateAttestation(m)
 		return nil
 	})
 }
@@ -290,9 +298,9 @@ func staleReport(prev *store.StepStatus, rep agentapi.Report) bool {
 	return ri < pi || (ri == pi && stateRank(rep.State) < stateRank(agentapi.State(prev.State)))
 }
 
-// buildIndex is step's position in buildSteps, -1 when it is no build step.
+// buildIndex is step's position in buildOrder, -1 when it is no build step.
 func buildIndex(step string) int {
-	for i, s := range buildSteps {
+	for i, s := range buildOrder {
 		if s == step {
 			return i
 		}
@@ -354,6 +362,16 @@ func (c *Controller) provisionTask(m store.Machine, img store.Image) agentapi.Ta
 		instance += "-" + strconv.FormatInt(m.Step.At.Unix(), 10)
 		attempt, rewrite = m.Step.Attempt, m.Step.Rewrite
 	}
+	stage := &agentapi.StageData{
+		Hostname: host, InstanceID: instance, UserData: cl.UserData, NetworkConfig: cl.NetworkConfig,
+		SSHKeys: cl.SSHKeys, CABundle: cl.CABundle, JoinData: cl.JoinData, Labels: labels,
+	}
+	attest := c.attestRequired(m)
+	if attest {
+		// The credential gate (attest.go): the join data and CA come with
+		// the attestation's pass, not with the task.
+		stage.JoinData, stage.CABundle = "", ""
+	}
 	return agentapi.Task{
 		Action:    agentapi.ActionProvision,
 		PollAfter: c.cfg.AgentPollAfter,
@@ -364,13 +382,11 @@ func (c *Controller) provisionTask(m store.Machine, img store.Image) agentapi.Ta
 			URL:    c.cfg.ImageBaseURL + "/images/" + url.PathEscape(img.Name),
 			SHA256: img.SHA256, Size: img.Size, Format: format,
 		},
-		Stage: &agentapi.StageData{
-			Hostname: host, InstanceID: instance, UserData: cl.UserData, NetworkConfig: cl.NetworkConfig,
-			SSHKeys: cl.SSHKeys, CABundle: cl.CABundle, JoinData: cl.JoinData, Labels: labels,
-		},
+		Stage:       stage,
 		MinReadMBps: c.cfg.MinReadMBps,
 		Reboot:      true,
 		Attempt:     attempt,
+		Attest:      attest,
 	}
 }
 
@@ -483,7 +499,13 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 			st.Deadline = rebootDeadline(prev, now, c.cfg.RebootTimeout)
 		}
 		m.Step = st
+		gate := c.attestGateReport(*m, rep)
 		switch {
+		case gate != "":
+			// The build went on past attest without a pass (attest.go): it
+			// stops here, before anything it writes gets credentials.
+			m.State = store.StateFailed
+			m.Reason, m.Message = ReasonAttestationFailed, gate
 		case rep.State == agentapi.StateFailed && stepBelongs(m.State, rep.Step):
 			m.State = store.StateFailed
 			m.Reason = string(rep.Reason)
@@ -558,6 +580,9 @@ func stepBelongs(state store.MachineState, step string) bool {
 }
 
 func nextStep(step string) string {
+	if step == agentapi.StepAttest {
+		return agentapi.StepWrite
+	}
 	for i, s := range buildSteps {
 		if s == step && i+1 < len(buildSteps) {
 			return buildSteps[i+1]

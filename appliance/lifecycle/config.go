@@ -161,6 +161,9 @@ type Config struct {
 	// Remediation configures the day-2 ladder, drain, spares, brake and the
 	// BMC health poll (remediation_config.go).
 	Remediation RemediationConfig
+	// Attest is the attestation policy per hardware model, the PCRs and
+	// the challenge's life (issue 16, attest.go).
+	Attest AttestConfig
 	// Health reads a machine's BMC health (nil: no BMC health poll).
 	Health HealthReader
 	// Sealer encrypts BMC passwords (EnrollBMC). Catalog stores image files (UploadImage).

@@ -47,6 +47,11 @@ type Store interface {
 	// (store command 26 put_remediation; brake.go).
 	GetRepairBrake() (store.RepairBrake, error)
 	PutRepairBrake(ctx context.Context, b store.RepairBrake, w store.W) (store.RepairBrake, error)
+	// The approved measured-boot states (store command 33
+	// put_attest_state; attest.go).
+	GetAttestState(id string) (store.AttestState, error)
+	ListAttestStates() ([]store.AttestState, error)
+	PutAttestStates(ctx context.Context, states []store.AttestState, w store.W) ([]store.AttestState, error)
 }
 
 // Controller is the lifecycle controller. Its methods are safe for
