@@ -114,6 +114,11 @@ type AttestEvent struct {
 	Type   string `json:"type"`
 	Digest string `json:"digest"`
 	Data   string `json:"data,omitempty"`
+	// Text is the measured text when Kiln could read it, proven by the
+	// digest: the kernel command line (the agent's /proc/cmdline), with
+	// Kiln's per-boot arguments masked (kiln.token=*, ...). Events with
+	// Text compare by it, not by their digest.
+	Text string `json:"text,omitempty"`
 }
 
 // AttestMismatch names one differing measurement: the PCR and what it

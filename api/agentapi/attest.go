@@ -72,6 +72,10 @@ type AttestQuote struct {
 	PCRs []PCRValue `json:"pcrs"`
 	// EventLog is /sys/kernel/security/tpm0/binary_bios_measurements.
 	EventLog []byte `json:"event_log"`
+	// Cmdline is /proc/cmdline: Kiln checks it against the kernel command
+	// line's measurement (PCR 9) and compares its text with Kiln's own
+	// per-boot arguments masked (the boot token differs every boot).
+	Cmdline string `json:"cmdline,omitempty"`
 }
 
 // PCRValue is one PCR's value.

@@ -208,6 +208,14 @@ func Verify(p store.AttestChallenge, q agentapi.AttestQuote, now time.Time) (Evi
 			Digest: hex.EncodeToString(e.Digest), Data: excerpt(e.Data)})
 		per[e.Index]++
 	}
+	if q.Cmdline != "" {
+		for i := range ev.Events {
+			e := &ev.Events[i]
+			if e.PCR == 9 && strings.Contains(e.Data, "LoadOptions") && cmdlineMeasured(q.Cmdline, e.Digest) {
+				e.Text = MaskCmdline(q.Cmdline)
+			}
+		}
+	}
 	sort.Slice(pcrs, func(i, j int) bool { return pcrs[i].Index < pcrs[j].Index })
 	h := sha256.New()
 	zero := make([]byte, sha256.Size)
@@ -248,7 +256,7 @@ func Compare(ev Evidence, states []store.AttestState) Match {
 		}
 		var mm []store.AttestMismatch
 		for _, p := range s.PCRs {
-			if got[p.Index] != p.SHA256 {
+			if got[p.Index] != p.SHA256 && !sameEvents(eventsOf(s.Events, p.Index), eventsOf(ev.Events, p.Index)) {
 				mm = append(mm, mismatch(p, got[p.Index], s.Events, ev.Events))
 			}
 		}
@@ -271,8 +279,11 @@ func mismatch(want store.AttestPCR, got string, wantEv, gotEv []store.AttestEven
 			m.Event = fmt.Sprintf("event %d %s is extra: %s", i, g[i].Type, describe(g[i]))
 		case i >= len(g):
 			m.Event = fmt.Sprintf("event %d %s is missing: %s", i, w[i].Type, describe(w[i]))
-		case w[i].Digest != g[i].Digest:
+		case !sameEvent(w[i], g[i]):
 			m.Event = fmt.Sprintf("event %d %s differs: %s", i, g[i].Type, describe(g[i]))
+			if w[i].Text != "" && g[i].Text != "" {
+				m.Event += "; " + argDiff(w[i].Text, g[i].Text)
+			}
 			if w[i].Type != g[i].Type {
 				m.Event = fmt.Sprintf("event %d is %s, the approved state has %s: %s", i, g[i].Type, w[i].Type, describe(g[i]))
 			}
@@ -288,6 +299,8 @@ func mismatch(want store.AttestPCR, got string, wantEv, gotEv []store.AttestEven
 // Linux EFI stub's tagged events spelled out.
 func describe(e store.AttestEvent) string {
 	switch {
+	case strings.Contains(e.Data, "LoadOptions") && e.Text != "":
+		return "kernel command line (" + e.Data + ") \"" + e.Text + "\""
 	case strings.Contains(e.Data, "LoadOptions"):
 		return "kernel command line (" + e.Data + ")"
 	case strings.Contains(e.Data, "Linux initrd"):
@@ -409,3 +422,97 @@ func joinInts(v []int) string {
 }
 
 const sha256Hash = crypto.SHA256
+
+// sameEvents reports whether two PCRs' event lists are the same
+// measurements: same length, each event the same (sameEvent). A PCR whose
+// value differs only by masked per-boot arguments matches this way.
+func sameEvents(a, b []store.AttestEvent) bool {
+	if len(a) == 0 || len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !sameEvent(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameEvent compares two events by their proven, masked text when both
+// have one (the kernel command line), else by digest.
+func sameEvent(a, b store.AttestEvent) bool {
+	if a.Text != "" && b.Text != "" {
+		return a.Type == b.Type && a.Text == b.Text
+	}
+	return a.Type == b.Type && a.Digest == b.Digest
+}
+
+// cmdlineMeasured reports whether the kernel command line text is what
+// the LoadOptions event with digest (hex) measured: the firmware passes it
+// as UCS-2 with its terminator (OVMF, iPXE), some loaders as bytes.
+func cmdlineMeasured(text, digest string) bool {
+	for _, c := range []string{text, text + "\x00", strings.TrimSpace(text), strings.TrimSpace(text) + "\x00"} {
+		u := utf16.Encode([]rune(c))
+		b := make([]byte, 2*len(u))
+		for i, r := range u {
+			b[2*i], b[2*i+1] = byte(r), byte(r>>8)
+		}
+		for _, m := range [][]byte{b, []byte(c)} {
+			s := sha256.Sum256(m)
+			if hex.EncodeToString(s[:]) == digest {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// PerBootArgs are the kernel arguments Kiln itself puts on every boot's
+// command line with values that differ per boot, machine or node: masked
+// before the command line is compared.
+var PerBootArgs = []string{agentapi.ArgToken, agentapi.ArgMachine, agentapi.ArgURL, "BOOTIF"}
+
+// MaskCmdline replaces the values of PerBootArgs with "*".
+func MaskCmdline(s string) string {
+	f := strings.Fields(s)
+	for i, w := range f {
+		k, _, ok := strings.Cut(w, "=")
+		if !ok {
+			continue
+		}
+		for _, p := range PerBootArgs {
+			if k == p {
+				f[i] = k + "=*"
+			}
+		}
+	}
+	return strings.Join(f, " ")
+}
+
+// argDiff names the arguments got has that want lacks (+) and the reverse (-).
+func argDiff(want, got string) string {
+	count := func(s string) map[string]int {
+		m := map[string]int{}
+		for _, w := range strings.Fields(s) {
+			m[w]++
+		}
+		return m
+	}
+	w, g := count(want), count(got)
+	var add, del []string
+	for _, a := range strings.Fields(got) {
+		if w[a] > 0 {
+			w[a]--
+			continue
+		}
+		add = append(add, "+"+a)
+	}
+	for _, a := range strings.Fields(want) {
+		if g[a] > 0 {
+			g[a]--
+			continue
+		}
+		del = append(del, "-"+a)
+	}
+	return "arguments " + strings.Join(append(add, del...), " ")
+}

@@ -330,6 +330,71 @@ func TestAttestSWTPM(t *testing.T) {
 		wantReason(t, err, store.AttestReasonEventLog)
 	})
 
+	t.Run("per-boot arguments are masked; another argument is named", func(t *testing.T) {
+		// Kiln's per-boot token and the machine ID differ every boot: with the
+		// agent's /proc/cmdline, proven by PCR 9's LoadOptions digest, they are
+		// masked and the rest of the command line is compared as text.
+		refCL := "console=ttyS0 kiln.url=http://10.0.0.1:8080 kiln.machine=m-a kiln.token=AAAA"
+		r := newMachine(t, refCL)
+		ch := challenge(t, r)
+		q := r.answer(ch.Wire)
+		q.Cmdline = refCL
+		rev, err := attest.Verify(ch.Pending, q, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text string
+		for _, e := range rev.Events {
+			if e.PCR == 9 && e.Text != "" {
+				text = e.Text
+			}
+		}
+		if text != "console=ttyS0 kiln.url=* kiln.machine=* kiln.token=*" || strings.Contains(text, "AAAA") {
+			t.Fatalf("masked command line %q", text)
+		}
+		st := []store.AttestState{learn(rev)}
+		other := "console=ttyS0 kiln.url=http://10.0.0.2:8080 kiln.machine=m-b kiln.token=BBBB"
+		m := newMachine(t, other)
+		ch = challenge(t, m)
+		q = m.answer(ch.Wire)
+		q.Cmdline = other
+		ev2, err := attest.Verify(ch.Pending, q, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mt := attest.Compare(ev2, st); mt.State == nil {
+			t.Fatalf("another token and machine do not match: %s", attest.Summary(mt.Mismatches))
+		}
+		// A /proc/cmdline that is not what was measured is not believed.
+		ch = challenge(t, m)
+		q = m.answer(ch.Wire)
+		q.Cmdline = refCL
+		ev3, err := attest.Verify(ch.Pending, q, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ev3.Events {
+			if e.Text != "" {
+				t.Fatalf("an unproven command line was taken: %+v", e)
+			}
+		}
+		extra := other + " init=/bin/sh"
+		x := newMachine(t, extra)
+		ch = challenge(t, x)
+		q = x.answer(ch.Wire)
+		q.Cmdline = extra
+		ev4, err := attest.Verify(ch.Pending, q, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mt := attest.Compare(ev4, st)
+		sum := attest.Summary(mt.Mismatches)
+		t.Logf("mismatch: %s", sum)
+		if mt.State != nil || !strings.Contains(sum, "PCR 9") || !strings.Contains(sum, "arguments +init=/bin/sh") || strings.Contains(sum, "BBBB") {
+			t.Fatalf("extra argument: %s", sum)
+		}
+	})
+
 	t.Run("changed kernel command line is a mismatch naming PCR 9", func(t *testing.T) {
 		m := newMachine(t, "console=ttyS0 kiln.url=http://10.0.0.1:8080 init=/bin/sh")
 		ch := challenge(t, m)

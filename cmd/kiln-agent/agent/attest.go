@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/go-attestation/attest"
@@ -27,6 +30,9 @@ import (
 // PCR values and the firmware's event log. Kiln's verdict ends the step:
 // passed, or failed with reason attestation_failed naming what differed.
 
+// EventLogPath is the firmware's TCG event log as the kernel exposes it.
+const EventLogPath = "/sys/kernel/security/tpm0/binary_bios_measurements"
+
 // ErrNoTPM: no TPM 2.0 is visible (the step reports it; Kiln applies the
 // hardware model's policy).
 var ErrNoTPM = errors.New("no TPM 2.0")
@@ -35,8 +41,13 @@ var ErrNoTPM = errors.New("no TPM 2.0")
 // /sys/class/tpm, the resource manager when the kernel has one). A TPM 1.2
 // or none is ErrNoTPM.
 func OpenTPM() (*attest.TPM, error) {
-	if _, err := os.Stat("/sys/class/tpm"); err != nil {
-		return nil, fmt.Errorf("%w: /sys/class/tpm: %v", ErrNoTPM, err)
+	if _, err := os.Stat("/sys/class/tpm/tpm0"); err != nil {
+		return nil, fmt.Errorf("%w: /sys/class/tpm/tpm0: %v", ErrNoTPM, err)
+	}
+	// The firmware event log is in securityfs, which the environment's
+	// init does not mount.
+	if _, err := os.Stat(EventLogPath); err != nil {
+		_ = syscall.Mount("securityfs", "/sys/kernel/security", "securityfs", 0, "")
 	}
 	t, err := attest.OpenTPM(nil)
 	if errors.Is(err, attest.ErrTPMNotAvailable) {
@@ -133,6 +144,9 @@ func (a *Agent) Attest(ctx context.Context) (string, *agentapi.StageCredentials,
 	q.Quote, q.Signature = quote.Quote, quote.Signature
 	if q.EventLog, err = tpm.MeasurementLog(); err != nil {
 		return "", nil, fail(agentapi.StepAttest, agentapi.ReasonAttestationFailed, "read event log: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(a.cfg.Root, "proc/cmdline")); err == nil {
+		q.Cmdline = strings.TrimRight(string(b), "\n")
 	}
 	var res agentapi.AttestResult
 	if err := a.call(ctx, http.MethodPost, "/v1/agent/attest/quote", q, &res); err != nil {

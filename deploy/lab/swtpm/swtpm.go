@@ -259,3 +259,65 @@ func specIDEvent() []byte {
 	b.Write(sp.Bytes())
 	return b.Bytes()
 }
+
+// QEMU is a swtpm serving one qemu VM (its control channel; qemu's
+// tpm-tis device sends the commands and the firmware measures the boot).
+type QEMU struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	// Args are the qemu arguments that attach it.
+	Args []string
+}
+
+// StartQEMU starts swtpm for a VM on the TPM state in dir, manufacturing
+// it (EK certificate included) when dir holds none, so a second boot of
+// the same machine has the same TPM. Close stops it.
+func StartQEMU(dir string) (*QEMU, error) {
+	state := filepath.Join(dir, "state")
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(state, "tpm2-00.permall")); err != nil {
+		setup := exec.Command("swtpm_setup", "--tpm2", "--tpmstate", state, "--create-ek-cert", "--overwrite")
+		if out, err := setup.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("swtpm_setup: %v: %s", err, out)
+		}
+	}
+	sock := filepath.Join(dir, "qemu-ctrl.sock")
+	_ = os.Remove(sock)
+	logf, err := os.OpenFile(filepath.Join(dir, "swtpm-qemu.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	q := &QEMU{done: make(chan struct{})}
+	q.cmd = exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+state, "--ctrl", "type=unixio,path="+sock)
+	q.cmd.Stdout, q.cmd.Stderr = logf, logf
+	if err := q.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	go func() { _ = q.cmd.Wait(); logf.Close(); close(q.done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			q.Close()
+			return nil, fmt.Errorf("swtpm did not create %s", sock)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	q.Args = []string{"-chardev", "socket,id=chrtpm,path=" + sock, "-tpmdev", "emulator,id=tpm0,chardev=chrtpm",
+		"-device", "tpm-tis,tpmdev=tpm0"}
+	return q, nil
+}
+
+// Close stops swtpm.
+func (q *QEMU) Close() error {
+	if q.cmd.Process != nil {
+		_ = q.cmd.Process.Kill()
+	}
+	<-q.done
+	return nil
+}
