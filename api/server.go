@@ -299,6 +299,7 @@ func (s *Server) routes() {
 	e.GET("/v1/images/:id", s.getImage, view)
 	e.PUT("/v1/images/:id", s.uploadImage, admin)
 	e.DELETE("/v1/images/:id", s.deleteImage, admin)
+	e.PUT("/v1/images/:id/manifest", s.putManifest, admin)
 
 	e.GET("/v1/jobs", s.listJobs, view)
 	e.GET("/v1/jobs/:id", s.getJob, view)
@@ -308,6 +309,8 @@ func (s *Server) routes() {
 	e.POST("/v1/agent/register", s.agentRegister)
 	e.GET("/v1/agent/task", s.agentTask)
 	e.POST("/v1/agent/report", s.agentReport)
+	e.GET("/v1/agent/credentials", s.agentCredentials)
+	e.POST("/v1/agent/firstboot", s.agentFirstBoot)
 
 	s.clusterRoutes(admin, view)         // cluster.go
 	s.backupRoutes(admin)                // backup.go

@@ -176,6 +176,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
 		AgentEndpoints:     agentEndpoints,
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
+		FirstBootTimeout:   cfg.Lifecycle.FirstBootTimeout,
 		Remediation:        cfg.Remediation.lifecycle(),
 		Attest:             attestCfg,
 		Health:             healthFor(bmcA),
@@ -414,6 +415,7 @@ func ErrorClasses() []api.ErrorClass {
 		{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
 		{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
 		{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
+		{Err: lifecycle.ErrCredentialsRefused, Status: http.StatusForbidden, Code: "credentials_refused"},
 		{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
 		{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
 		// The catalog's upload errors are the client's: a body whose

@@ -223,6 +223,11 @@ type LifecycleConfig struct {
 	// (it boots its disk first) is recorded provisioned with reason
 	// reboot_unobserved. 0 = the lifecycle default (3 minutes).
 	RebootTimeout time.Duration `yaml:"reboot_timeout"`
+	// FirstBootTimeout (issue 15): a release build whose installed OS has
+	// not sent its first-boot report within this time of the build's
+	// completion is failed (reason first_boot_unreported). 0 = the
+	// lifecycle default (15 minutes).
+	FirstBootTimeout time.Duration `yaml:"first_boot_timeout"`
 }
 
 // DefaultConfig is the embedded default: a single self-bootstrapping node.
@@ -435,6 +440,7 @@ func (c *Config) validateValues() error {
 		{"api.body_idle_timeout", c.API.BodyIdleTimeout}, {"api.json_body_timeout", c.API.JSONBodyTimeout},
 		{"lifecycle.boot_timeout", c.Lifecycle.BootTimeout}, {"lifecycle.agent_poll_after", c.Lifecycle.AgentPollAfter},
 		{"lifecycle.reboot_timeout", c.Lifecycle.RebootTimeout}, {"raft.join_timeout", c.Raft.JoinTimeout},
+		{"lifecycle.first_boot_timeout", c.Lifecycle.FirstBootTimeout},
 		{"raft.cert_lifetime", c.Raft.CertLifetime},
 	} {
 		if d.v < 0 {

@@ -46,7 +46,7 @@ const (
 	CmdBindLeasesV2                      // 29: Leases; as 18, and a release ends only the binding whose Expiry it names, and a binding never shortens the same client's binding
 	CmdPutMachinesV4                     // 30: Machines; as 25, under transitionsV4 and keeping the round-3 fields (build, attestation, burn-in, firmware) as written
 	CmdAgentReportV2                     // 31: Events + Machines (exactly 1, CAS); as 17, under put_machines_v4's rules
-	CmdReserved32                        // 32: put_image_v2 (issue 15, r15kiln's branch); not written or applied by this branch
+	CmdPutImageV2                        // 32: Image; as 7, keeping the release manifest (Layers, KubeadmVersion) as written (issue 15)
 	CmdPutAttestState                    // 33: AttestStates (1..n, CAS each, all-or-nothing): approved measured-boot states per hardware model (issue 16)
 	cmdEnd                               // sentinel: first unknown value
 )

@@ -75,12 +75,22 @@ const (
 	ReasonInternal         Reason = "internal_error"
 	// ReasonAttestationFailed (issue 16): the measured boot does not match an approved state, or the quote was refused.
 	ReasonAttestationFailed Reason = "attestation_failed"
+
+	// Issue 15 (release.go):
+	ReasonVersionMismatch     Reason = "version_mismatch"      // check: the claim's kubernetesVersion is not the release's kubeadm version
+	ReasonVerityMismatch      Reason = "verity_mismatch"       // verify: veritysetup verify of the base root failed
+	ReasonFirstBootNodeLayer  Reason = "first_boot_node_layer" // first boot: the per-node layer is missing or unreadable
+	ReasonFirstBootJoin       Reason = "first_boot_join"       // first boot: joining (or making) the cluster failed
+	ReasonFirstBootMismatch   Reason = "first_boot_mismatch"   // Kiln: the report's hostname or SSH host key is not the build's
+	ReasonFirstBootUnreported Reason = "first_boot_unreported" // Kiln: no first-boot report within lifecycle.first_boot_timeout
 )
 
 // Reasons lists every non-empty Reason.
 var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
 	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
+	ReasonVersionMismatch, ReasonVerityMismatch, ReasonFirstBootNodeLayer, ReasonFirstBootJoin,
+	ReasonFirstBootMismatch, ReasonFirstBootUnreported,
 	ReasonAttestationFailed}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
@@ -117,6 +127,10 @@ type Inventory struct {
 	Disks       []Disk `json:"disks"`
 	NICs        []NIC  `json:"nics"`
 	BMCAddress  string `json:"bmc_address,omitempty"`
+
+	PCI      []PCIDevice `json:"pci,omitempty"`       // issue 15 (release.go): /sys/bus/pci/devices
+	CPUFlags []string    `json:"cpu_flags,omitempty"` // issue 15: /proc/cpuinfo "flags"
+	TPM      *TPMInfo    `json:"tpm,omitempty"`       // issue 15: /sys/class/tpm
 }
 
 // Registration is the agent's first message.
@@ -197,7 +211,11 @@ type Task struct {
 	Endpoints []string `json:"endpoints,omitempty"`
 	// ErasePolicy tunes an erase task; nil = the defaults documented on ErasePolicy.
 	ErasePolicy *ErasePolicy `json:"erase_policy,omitempty"`
-	Attest      bool         `json:"attest,omitempty"` // issue 16: run the attest step after check (attest.go)
+
+	Layers    []Layer       `json:"layers,omitempty"`     // issue 15: the release's chosen layers, base first (release.go); empty = the Image + Stage path
+	NodeLayer *NodeLayer    `json:"node_layer,omitempty"` // issue 15: the per-node layer's non-secret files
+	Cluster   *ClusterCheck `json:"cluster,omitempty"`    // issue 15: the check step's version comparison
+	Attest    bool          `json:"attest,omitempty"`     // issue 16: run the attest step after check (attest.go)
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
@@ -301,4 +319,6 @@ type Report struct {
 	// disk of the machine (skipped ones included); the appliance records each as an
 	// "erase_certificate" event.
 	Erase []DiskErase `json:"erase,omitempty"`
+
+	Build *BuildReport `json:"build,omitempty"` // issue 15: on finalize, what a release build wrote (release.go)
 }
