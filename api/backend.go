@@ -79,6 +79,7 @@ type Backend interface {
 	// Day 2 (issue 14; remediation.go): health, drain, power, maintenance,
 	// retire, rma, reprovision, the remediation status and the brake.
 	RemediationBackend
+	AttestBackend // attest.go (issue 16)
 
 	// Firmware and BIOS baselines (issue 17; firmware.go).
 	FirmwareBackend

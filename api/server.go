@@ -364,6 +364,7 @@ func (s *Server) routes() {
 	s.remediationRoutes(view, op, admin) // remediation.go
 	s.firmwareRoutes(view, op, admin)    // firmware.go
 	s.leaseRoutes(view)                  // leases.go
+	s.attestRoutes(view, op, admin)      // attest.go
 }
 
 // recoverPanics turns a handler panic into a 500 (logged, no stack to the client).

@@ -70,6 +70,9 @@ type Machine struct {
 	// Firmware is the firmware inventory, BIOS attributes, baseline drift
 	// and last apply run as read from the BMC (issue 17; api/firmware.go).
 	Firmware *store.FirmwareRecord `json:"firmware,omitempty"`
+
+	// Attestation is the last TPM attestation (issue 16, attest.go).
+	Attestation *Attestation `json:"attestation,omitempty"`
 }
 
 // Remediation is the wire form of the ladder's record: the store's,
@@ -271,6 +274,7 @@ func machineView(m store.Machine, r Role) Machine {
 		RootDisk: m.RootDisk, Wipe: m.Wipe, BMC: m.BMC, Claim: claimView(m.Claim, r), Step: m.Step,
 		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
 		Build: buildView(m.Build), Firmware: m.Firmware,
+		Attestation: attestationView(m.Attestation),
 	}
 }
 

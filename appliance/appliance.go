@@ -163,6 +163,10 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 
 	bmcA := &bmcAdapter{st: st, sealer: sealer, ctl: bmcCtl}
 	a.bmc = bmcA
+	attestCfg, err := cfg.Attest.lifecycle()
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
 	life, err := lifecycle.New(lifecycle.Config{
 		ImageBaseURL:       baseURL,
 		ImageHere:          func(img store.Image) bool { return a.images.holds(img) }, // set below, before Run
@@ -175,6 +179,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
 		FirstBootTimeout:   cfg.Lifecycle.FirstBootTimeout,
 		Remediation:        cfg.Remediation.lifecycle(),
+		Attest:             attestCfg,
 		Health:             healthFor(bmcA),
 		Sealer:             SealerFor(sealer),
 		Catalog:            CatalogFor(catalog),

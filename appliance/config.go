@@ -60,6 +60,9 @@ type Config struct {
 	// Remediation is day 2: health, the repair ladder, drain, spares and
 	// the brake (remediation_config.go).
 	Remediation RemediationConfig `yaml:"remediation"`
+	// Attest is the TPM attestation policy per hardware model (issue 16,
+	// attest_config.go).
+	Attest AttestConfig `yaml:"attest"`
 }
 
 // StoreConfig tunes the replicated store.
@@ -469,6 +472,9 @@ func (c *Config) validateValues() error {
 		return errors.New("config: lifecycle.min_read_mbps must not be negative")
 	}
 	if err := lifecycle.CheckRemediation(c.Remediation.lifecycle()); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if err := c.Attest.validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	for i, s := range c.Boot.DHCP.Subnets {

@@ -38,9 +38,10 @@ var (
 	bRemediation = []byte("remediation")
 	// Image tombstones (CmdDeleteImageV3): image ID → ImageTombstone.
 	bImageTombstones = []byte("image_tombstones")
+	// Approved measured-boot states (issue 16, attest_record.go): bAttestStates.
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones, bBaselines}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones, bBaselines, bAttestStates}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -254,6 +255,8 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 			return nil, nil, 0, fmt.Errorf("%w: put_baseline without baseline", ErrBadCommand)
 		}
 		one(c.Baseline)(putBaseline(a, c.Baseline))
+	case CmdPutAttestState:
+		out, recs, err = putAttestStates(a, c.AttestStates)
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}

@@ -406,3 +406,13 @@ func (s *Store) EventTrimPoint(now time.Time, maxAge time.Duration, maxCount int
 	})
 	return before, err
 }
+
+// GetAttestState returns approved-state record id or ErrNotFound (issue 16).
+func (s *Store) GetAttestState(id string) (AttestState, error) {
+	return getRec[AttestState](s.fsm, bAttestStates, "attest_state", id)
+}
+
+// ListAttestStates returns every measured-boot state record ordered by ID.
+func (s *Store) ListAttestStates() ([]AttestState, error) {
+	return listRec[AttestState](s.fsm, bAttestStates)
+}

@@ -14,11 +14,13 @@ package store
 // addition names its issue). It never changes once written: a later rule
 // gets a new command.
 var transitionsV4 = map[MachineState][]MachineState{
-	StateDiscovered:   {StateRegistered, StateInspecting, StateRetired},
-	StateRegistered:   {StateInspecting, StateRetired},
-	StateInspecting:   {StateAvailable, StateQuarantined, StateFailed, StateErasing, StateRMA},
-	StateAvailable:    {StateProvisioning, StateInspecting, StateErasing, StateRetired, StateRMA},
-	StateProvisioning: {StateProvisioned, StateFailed, StateErasing, StateRMA},
+	StateDiscovered: {StateRegistered, StateInspecting, StateRetired},
+	StateRegistered: {StateInspecting, StateRetired},
+	StateInspecting: {StateAvailable, StateQuarantined, StateFailed, StateErasing, StateRMA},
+	StateAvailable:  {StateProvisioning, StateInspecting, StateErasing, StateRetired, StateRMA},
+	// Issue 16: provisioning → quarantined (attestation_failed: the measured
+	// boot differs from every approved state; nothing was written).
+	StateProvisioning: {StateProvisioned, StateFailed, StateErasing, StateRMA, StateQuarantined},
 	StateProvisioned:  {StateErasing, StateFailed, StateRemediating, StateRMA},
 	StateFailed:       {StateInspecting, StateErasing, StateRetired, StateRemediating, StateRMA},
 	StateQuarantined:  {StateInspecting, StateErasing, StateRetired, StateRMA},

@@ -56,6 +56,9 @@ func prepare(c *command) {
 	for i := range c.Machines {
 		setID(&c.Machines[i].Meta, "m-")
 	}
+	for i := range c.AttestStates {
+		setID(&c.AttestStates[i].Meta, "as-")
+	}
 	if c.Type == CmdPutJoinToken && c.JoinToken != nil {
 		c.JoinToken.Created = c.Time
 		c.JoinToken.Expires = c.Time.Add(c.JoinToken.TTL)

@@ -288,3 +288,29 @@ func (s *Store) AppendEvents(ctx context.Context, evs []Event) error {
 	_, _, err := s.write(ctx, &command{Type: CmdAppendEvents, Events: evs})
 	return err
 }
+
+// PutAttestStates writes approved measured-boot states (command 33,
+// put_attest_state; issue 16): each compare-and-set on its
+// ResourceVersion (0: create, ID "as-<hex>" when empty), all or nothing,
+// one audited event attest_state_<status> each with w. Errors:
+// ErrConflict, ErrNotFound, ErrInvalid, *UnsupportedByClusterError (a
+// node predates command 33), ErrNotLeader.
+func (s *Store) PutAttestStates(ctx context.Context, states []AttestState, w W) ([]AttestState, error) {
+	vals, recs, err := s.write(ctx, &command{Type: CmdPutAttestState, W: w, AttestStates: states})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]AttestState, len(vals))
+	for i := range vals {
+		if i < len(recs) {
+			if p, ok := recs[i].(*AttestState); ok {
+				out[i] = *p
+				continue
+			}
+		}
+		if err := json.Unmarshal(vals[i], &out[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

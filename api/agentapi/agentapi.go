@@ -40,6 +40,8 @@ const (
 	StepFinalize = "finalize"
 	StepReboot   = "reboot"
 	StepErase    = "erase"
+	// StepAttest (issue 16): between check and write; the TPM proves the measured boot (attest.go).
+	StepAttest = "attest"
 )
 
 // State is the closed set of step states.
@@ -71,6 +73,8 @@ const (
 	ReasonEraseFailed      Reason = "erase_failed"
 	ReasonTimeout          Reason = "timeout"
 	ReasonInternal         Reason = "internal_error"
+	// ReasonAttestationFailed (issue 16): the measured boot does not match an approved state, or the quote was refused.
+	ReasonAttestationFailed Reason = "attestation_failed"
 
 	// Issue 15 (release.go):
 	ReasonVersionMismatch     Reason = "version_mismatch"      // check: the claim's kubernetesVersion is not the release's kubeadm version
@@ -86,7 +90,8 @@ var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealt
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
 	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
 	ReasonVersionMismatch, ReasonVerityMismatch, ReasonFirstBootNodeLayer, ReasonFirstBootJoin,
-	ReasonFirstBootMismatch, ReasonFirstBootUnreported}
+	ReasonFirstBootMismatch, ReasonFirstBootUnreported,
+	ReasonAttestationFailed}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
 const MaxMessageLen = 512
@@ -210,6 +215,7 @@ type Task struct {
 	Layers    []Layer       `json:"layers,omitempty"`     // issue 15: the release's chosen layers, base first (release.go); empty = the Image + Stage path
 	NodeLayer *NodeLayer    `json:"node_layer,omitempty"` // issue 15: the per-node layer's non-secret files
 	Cluster   *ClusterCheck `json:"cluster,omitempty"`    // issue 15: the check step's version comparison
+	Attest    bool          `json:"attest,omitempty"`     // issue 16: run the attest step after check (attest.go)
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md

@@ -30,7 +30,13 @@ import (
 var buildSteps = []string{agentapi.StepCheck, agentapi.StepWrite, agentapi.StepVerify,
 	agentapi.StepStage, agentapi.StepFinalize, agentapi.StepReboot}
 
-var knownSteps = map[string]bool{agentapi.StepInspect: true, agentapi.StepErase: true}
+// buildOrder is buildSteps with the attest step (issue 16, attest.go),
+// which runs only for a model that requires it, between check and write:
+// the order of staleReport.
+var buildOrder = []string{agentapi.StepCheck, agentapi.StepAttest, agentapi.StepWrite, agentapi.StepVerify,
+	agentapi.StepStage, agentapi.StepFinalize, agentapi.StepReboot}
+
+var knownSteps = map[string]bool{agentapi.StepInspect: true, agentapi.StepErase: true, agentapi.StepAttest: true}
 
 func init() {
 	for _, s := range buildSteps {
@@ -199,6 +205,7 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 			if img.IsRelease() {
 				startRelease(m, img, fbHash, now) // build.go: layers chosen and why
 			}
+			invalidateAttestation(m)    // every build attests anew (attest.go)
 			c.reprovisionStarts(m, now) // a ladder at reinspect moves to reprovision
 			return nil
 		})
@@ -295,6 +302,7 @@ func (c *Controller) retryBuild(ctx context.Context, id string) (store.Machine, 
 		if m.Build != nil {
 			m.Build.Attempt = attempt // the same layers and first-boot token; digests come with this attempt's finalize
 		}
+		invalidateAttestation(m)
 		return nil
 	})
 }
@@ -320,9 +328,9 @@ func staleReport(prev *store.StepStatus, rep agentapi.Report) bool {
 	return ri < pi || (ri == pi && stateRank(rep.State) < stateRank(agentapi.State(prev.State)))
 }
 
-// buildIndex is step's position in buildSteps, -1 when it is no build step.
+// buildIndex is step's position in buildOrder, -1 when it is no build step.
 func buildIndex(step string) int {
-	for i, s := range buildSteps {
+	for i, s := range buildOrder {
 		if s == step {
 			return i
 		}
@@ -415,6 +423,16 @@ func (c *Controller) plainTask(m store.Machine, img store.Image) agentapi.Task {
 		instance += "-" + strconv.FormatInt(m.Step.At.Unix(), 10)
 		attempt, rewrite = m.Step.Attempt, m.Step.Rewrite
 	}
+	stage := &agentapi.StageData{
+		Hostname: host, InstanceID: instance, UserData: cl.UserData, NetworkConfig: cl.NetworkConfig,
+		SSHKeys: cl.SSHKeys, CABundle: cl.CABundle, JoinData: cl.JoinData, Labels: labels,
+	}
+	attest := c.attestRequired(m)
+	if attest {
+		// The credential gate (attest.go): the join data and CA come with
+		// the attestation's pass, not with the task.
+		stage.JoinData, stage.CABundle = "", ""
+	}
 	return agentapi.Task{
 		Action:    agentapi.ActionProvision,
 		PollAfter: c.cfg.AgentPollAfter,
@@ -425,13 +443,11 @@ func (c *Controller) plainTask(m store.Machine, img store.Image) agentapi.Task {
 			URL:    c.cfg.ImageBaseURL + "/images/" + url.PathEscape(img.Name),
 			SHA256: img.SHA256, Size: img.Size, Format: format,
 		},
-		Stage: &agentapi.StageData{
-			Hostname: host, InstanceID: instance, UserData: cl.UserData, NetworkConfig: cl.NetworkConfig,
-			SSHKeys: cl.SSHKeys, CABundle: cl.CABundle, JoinData: cl.JoinData, Labels: labels,
-		},
+		Stage:       stage,
 		MinReadMBps: c.cfg.MinReadMBps,
 		Reboot:      true,
 		Attempt:     attempt,
+		Attest:      attest,
 	}
 }
 
@@ -544,7 +560,13 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 			st.Deadline = rebootDeadline(prev, now, c.cfg.RebootTimeout)
 		}
 		m.Step = st
+		gate := c.attestGateReport(*m, rep)
 		switch {
+		case gate != "":
+			// The build went on past attest without a pass (attest.go): it
+			// stops here, before anything it writes gets credentials.
+			m.State = store.StateFailed
+			m.Reason, m.Message = ReasonAttestationFailed, gate
 		case rep.State == agentapi.StateFailed && stepBelongs(m.State, rep.Step):
 			m.State = store.StateFailed
 			m.Reason = string(rep.Reason)
@@ -636,6 +658,9 @@ func stepBelongs(state store.MachineState, step string) bool {
 }
 
 func nextStep(step string) string {
+	if step == agentapi.StepAttest {
+		return agentapi.StepWrite
+	}
 	for i, s := range buildSteps {
 		if s == step && i+1 < len(buildSteps) {
 			return buildSteps[i+1]

@@ -256,7 +256,9 @@ func (c *Controller) AgentCredentials(ctx context.Context, id string) (agentapi.
 	}
 	gate := c.cfg.CredentialGate
 	if gate == nil {
-		gate = AllowWithoutAttestation
+		// The attestation gate (issue 16, attest.go): open for a model
+		// that does not attest, else only after this build's pass.
+		gate = func(_ context.Context, m store.Machine) error { return c.CredentialGate(m) }
 	}
 	if err := gate(ctx, m); err != nil {
 		return agentapi.Credentials{}, fmt.Errorf("%w: %w", ErrCredentialsRefused, err)

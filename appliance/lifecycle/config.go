@@ -163,6 +163,9 @@ type Config struct {
 	// Remediation configures the day-2 ladder, drain, spares, brake and the
 	// BMC health poll (remediation_config.go).
 	Remediation RemediationConfig
+	// Attest is the attestation policy per hardware model, the PCRs and
+	// the challenge's life (issue 16, attest.go).
+	Attest AttestConfig
 	// Health reads a machine's BMC health (nil: no BMC health poll).
 	Health HealthReader
 	// FirstBootTimeout (issue 15) bounds the wait from a release build's
@@ -172,8 +175,9 @@ type Config struct {
 	// without a report). Default DefaultFirstBootTimeout.
 	FirstBootTimeout time.Duration
 	// CredentialGate decides whether a machine's agent gets its secret files
-	// (GET /v1/agent/credentials); nil = AllowWithoutAttestation (issue 16
-	// supplies the attestation gate).
+	// (GET /v1/agent/credentials); nil = the attestation gate
+	// (Controller.CredentialGate, attest.go: open for a model that does
+	// not attest, else only after this build's passing attestation).
 	CredentialGate CredentialGate
 	// Sealer encrypts BMC passwords (EnrollBMC) and cluster and first-boot
 	// tokens (issue 15; opening them needs it to be an Opener too).

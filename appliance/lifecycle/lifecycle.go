@@ -52,6 +52,11 @@ type Store interface {
 	PutBaseline(ctx context.Context, b store.Baseline, w store.W) (store.Baseline, error)
 	ListBaselines() ([]store.Baseline, error)
 	PutRepairBrake(ctx context.Context, b store.RepairBrake, w store.W) (store.RepairBrake, error)
+	// The approved measured-boot states (store command 33
+	// put_attest_state; attest.go).
+	GetAttestState(id string) (store.AttestState, error)
+	ListAttestStates() ([]store.AttestState, error)
+	PutAttestStates(ctx context.Context, states []store.AttestState, w store.W) ([]store.AttestState, error)
 }
 
 // Controller is the lifecycle controller. Its methods are safe for

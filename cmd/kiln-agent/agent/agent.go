@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/go-attestation/attest"
+
 	"kiln/api/agentapi"
 	"kiln/cmd/kiln-agent/inventory"
 )
@@ -87,6 +89,10 @@ type Config struct {
 	StageSize int64
 	// ReadTestBytes is how much the check step reads for the speed test.
 	ReadTestBytes int64
+
+	// OpenTPM opens the TPM for the attest step (attest.go); nil = OpenTPM
+	// (the machine's own; tests pass a software TPM).
+	OpenTPM func() (*attest.TPM, error)
 
 	erase eraseHooks // tests: fault injection into the erase (erase.go)
 }
@@ -598,7 +604,7 @@ func SelectDisk(disks []agentapi.Disk, rule agentapi.DiskRule) (agentapi.Disk, e
 	return *best, nil
 }
 
-// Provision runs check → write → verify → stage → finalize for task and returns the
+// Provision runs check → attest (when task.Attest) → write → verify → stage → finalize for task and returns the
 // finalize record (also sent as Report.Written). Errors are *StepError.
 func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]string, error) {
 	img := task.Image
@@ -664,6 +670,24 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 	})
 	if err != nil {
 		return nil, err
+	}
+
+	if task.Attest {
+		// attest (issue 16): the measured boot is proved before anything is
+		// written; the claim's credentials come with the pass.
+		var creds *agentapi.StageCredentials
+		if err := a.step(ctx, agentapi.StepAttest, func() (msg string, err error) {
+			msg, creds, err = a.Attest(ctx)
+			return msg, err
+		}); err != nil {
+			return nil, err
+		}
+		if creds != nil && task.Stage != nil {
+			t2, st := *task, *task.Stage
+			st.JoinData, st.CABundle = creds.JoinData, creds.CABundle
+			t2.Stage = &st
+			task = &t2
+		}
 	}
 
 	var streamSum string

@@ -76,6 +76,7 @@ type VM struct {
 	mu     sync.Mutex
 	out    bytes.Buffer // qemu's stdout and stderr
 	exited chan struct{}
+	cmd    *exec.Cmd
 }
 
 // Start runs `ip netns exec ns qemu-system-x86_64 -serial file:SERIAL ARGS...`
@@ -83,8 +84,25 @@ type VM struct {
 // devices; the serial console goes to serial.
 func Start(t testing.TB, ns, serial string, args ...string) *VM {
 	t.Helper()
-	v := &VM{Serial: serial, exited: make(chan struct{})}
-	q := exec.Command("ip", append([]string{"netns", "exec", ns, "qemu-system-x86_64", "-serial", "file:" + serial}, args...)...)
+	return start(t, serial, exec.Command("ip", append([]string{"netns", "exec", ns, "qemu-system-x86_64", "-serial", "file:" + serial}, args...)...))
+}
+
+// StartHost is Start without a network namespace (a VM with qemu's user
+// networking, which reaches the host's loopback as 10.0.2.2).
+func StartHost(t testing.TB, serial string, args ...string) *VM {
+	t.Helper()
+	return start(t, serial, exec.Command("qemu-system-x86_64", append([]string{"-serial", "file:" + serial}, args...)...))
+}
+
+// Kill stops the VM now (also done in t.Cleanup).
+func (v *VM) Kill() {
+	_ = v.cmd.Process.Kill()
+	<-v.exited
+}
+
+func start(t testing.TB, serial string, q *exec.Cmd) *VM {
+	t.Helper()
+	v := &VM{Serial: serial, exited: make(chan struct{}), cmd: q}
 	q.Stdout, q.Stderr = (*lockedWriter)(v), (*lockedWriter)(v)
 	if err := q.Start(); err != nil {
 		t.Fatal(err)
