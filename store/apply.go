@@ -38,9 +38,11 @@ var (
 	bRemediation = []byte("remediation")
 	// Image tombstones (CmdDeleteImageV3): image ID → ImageTombstone.
 	bImageTombstones = []byte("image_tombstones")
+	// Campaigns (CmdPutCampaign, issue 17): campaign ID → Campaign.
+	bCampaigns = []byte("campaigns")
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones, bCampaigns}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -249,6 +251,11 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Brake)(putBrake(a, c.Brake))
 	case CmdRenewMember:
 		err = applyRenewMember(a, c.Member)
+	case CmdPutCampaign:
+		if c.Campaign == nil {
+			return nil, nil, 0, fmt.Errorf("%w: put_campaign without campaign", ErrBadCommand)
+		}
+		one(c.Campaign)(putCampaign(a, c.Campaign))
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}

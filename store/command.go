@@ -47,6 +47,10 @@ const (
 	CmdPutMachinesV4                     // 30: Machines; as 25, under transitionsV4 and keeping the round-3 fields (build, attestation, burn-in, firmware) as written
 	CmdAgentReportV2                     // 31: Events + Machines (exactly 1, CAS); as 17, under put_machines_v4's rules
 	CmdPutImageV2                        // 32: Image; as 7, keeping the release manifest (Layers, KubeadmVersion) as written (issue 15)
+	cmdReserved33                        // 33: reserved (issue 16, put_attest_state)
+	cmdReserved34                        // 34: reserved (issue 16)
+	cmdReserved35                        // 35: reserved (issue 17, put_baseline)
+	CmdPutCampaign                       // 36: Campaign (compare-and-set; campaign_record.go, issue 17)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -61,7 +65,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
 	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2",
-	"put_machines_v4", "agent_report_v2", "put_image_v2"}
+	"put_machines_v4", "agent_report_v2", "put_image_v2", "reserved_33", "reserved_34", "reserved_35", "put_campaign"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -123,6 +127,9 @@ type command struct {
 
 	// Brake is CmdPutRemediation's record.
 	Brake *RepairBrake `json:"brake,omitempty"`
+
+	// Campaign is CmdPutCampaign's record (issue 17).
+	Campaign *Campaign `json:"campaign,omitempty"`
 }
 
 // encodeCommand returns the log-entry bytes: 1 byte CommandType, then the
