@@ -219,25 +219,34 @@ func planSite(site string, ms []Machine, groupSize map[string]int, l Limits, ass
 		sort.Strings(out)
 		return out
 	}
+	var gW, rW, pW int
+	var gWhy, rWhy, pWhy string
 	for _, g := range names(remG) {
-		if w := ceilDiv(remG[g], capG[g]); w > sp.LowerBound {
-			sp.LowerBound = w
-			sp.Binding = fmt.Sprintf("cluster %s: %d machines, %g%% = %d out at once → %d waves",
+		if w := ceilDiv(remG[g], capG[g]); w > gW {
+			gW, gWhy = w, fmt.Sprintf("cluster %s: %d machines, %g%% = %d out at once → %d waves",
 				strings.TrimPrefix(g, site+"/"), remG[g], l.ClusterPercent, capG[g], w)
 		}
 	}
 	for _, r := range names(remR) {
-		if w := ceilDiv(remR[r], l.PerRack); w > sp.LowerBound {
-			sp.LowerBound = w
-			sp.Binding = fmt.Sprintf("rack %s: %d machines, %d out at once → %d waves", r, remR[r], l.PerRack, w)
+		if w := ceilDiv(remR[r], l.PerRack); w > rW {
+			rW, rWhy = w, fmt.Sprintf("rack %s: %d machines, %d out at once → %d waves", r, remR[r], l.PerRack, w)
 		}
 	}
 	if l.MaxParallel > 0 {
-		if w := ceilDiv(len(ms), l.MaxParallel); w > sp.LowerBound {
-			sp.LowerBound = w
-			sp.Binding = fmt.Sprintf("max parallel %d of %d machines → %d waves", l.MaxParallel, len(ms), w)
+		pW = ceilDiv(len(ms), l.MaxParallel)
+		pWhy = fmt.Sprintf("max parallel %d of %d machines → %d waves", l.MaxParallel, len(ms), pW)
+	}
+	sp.LowerBound = max(gW, rW, pW)
+	var why []string
+	for _, b := range []struct {
+		w   int
+		why string
+	}{{gW, gWhy}, {rW, rWhy}, {pW, pWhy}} {
+		if b.w == sp.LowerBound && b.w > 0 {
+			why = append(why, b.why)
 		}
 	}
+	sp.Binding = strings.Join(why, "; ")
 	pending := append([]Machine(nil), ms...)
 	sort.Slice(pending, func(i, j int) bool { return pending[i].ID < pending[j].ID })
 	for wave := 1; len(pending) > 0; wave++ {
