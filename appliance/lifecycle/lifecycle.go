@@ -48,6 +48,11 @@ type Store interface {
 	// (store command 26 put_remediation; brake.go).
 	GetRepairBrake() (store.RepairBrake, error)
 	PutRepairBrake(ctx context.Context, b store.RepairBrake, w store.W) (store.RepairBrake, error)
+	// GetCampaign, ListCampaigns and PutCampaign are the campaign records
+	// (store command 36 put_campaign; campaign.go).
+	GetCampaign(id string) (store.Campaign, error)
+	ListCampaigns() ([]store.Campaign, error)
+	PutCampaign(ctx context.Context, c store.Campaign, w store.W) (store.Campaign, error)
 }
 
 // Controller is the lifecycle controller. Its methods are safe for
@@ -77,6 +82,7 @@ type Controller struct {
 	health  healthPoller     // health.go
 	spares  spareState       // spares.go
 	rm      *remMetrics      // remediation.go
+	cm      *campMetrics     // campaign.go
 	httpc   *http.Client     // drain webhooks (drain.go)
 	log     atomic.Pointer[slog.Logger]
 }
@@ -100,8 +106,12 @@ func New(cfg Config, st Store, bmc BMC, reg *prometheus.Registry) (*Controller, 
 	if err != nil {
 		return nil, err
 	}
+	cm, err := newCampMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	c := &Controller{
-		cfg: cfg, st: st, bmc: bmc, m: m, rm: rm, httpc: &http.Client{},
+		cfg: cfg, st: st, bmc: bmc, m: m, rm: rm, cm: cm, httpc: &http.Client{},
 		jobs: newJobQueue(),
 		disc: discoveryLimiter{rate: cfg.DiscoverRate, burst: float64(cfg.DiscoverBurst)},
 	}
@@ -169,6 +179,9 @@ func (c *Controller) Tick(ctx context.Context) error {
 		}
 	}
 	if err := c.remediate(ctx); err != nil && !errNotV3(err) {
+		errs = append(errs, err)
+	}
+	if err := c.campaigns(ctx); err != nil && !errNotV3(err) {
 		errs = append(errs, err)
 	}
 	if counts, err := c.st.CountByState(); err == nil {
