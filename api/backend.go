@@ -80,6 +80,10 @@ type Backend interface {
 	// retire, rma, reprovision, the remediation status and the brake.
 	RemediationBackend
 
+	// Campaigns (issue 17; campaigns.go): plan, create, start, halt,
+	// resume, status.
+	CampaignBackend
+
 	// Agent protocol (package agentapi).
 	AgentRegister(ctx context.Context, machineID string, reg agentapi.Registration) (agentapi.Task, error)
 	AgentTask(ctx context.Context, machineID string) (agentapi.Task, error)

@@ -315,6 +315,7 @@ func (s *Server) routes() {
 	s.clusterRoutes(admin, view)         // cluster.go
 	s.backupRoutes(admin)                // backup.go
 	s.remediationRoutes(view, op, admin) // remediation.go
+	s.campaignRoutes(view, op)           // campaigns.go
 	s.leaseRoutes(view)                  // leases.go
 }
 

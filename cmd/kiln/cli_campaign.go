@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"kiln/api"
+	"kiln/api/client"
 	"kiln/appliance/lifecycle/waves"
 )
 
@@ -17,6 +21,7 @@ import (
 func campaignCmd(o *cliOpts) *cobra.Command {
 	c := &cobra.Command{Use: "campaign", Short: "Roll a change (OS image, firmware, BIOS) over selected machines in waves that halt on failure"}
 	c.AddCommand(campaignPlanCmd(o))
+	c.AddCommand(campaignAPICmds(o)...)
 	return c
 }
 
@@ -45,6 +50,20 @@ func (p *planFlags) add(c *cobra.Command) {
 	f.IntVar(&p.maxFail, "max-failures", 0, "halt when more machines than this have failed")
 }
 
+// request is the API request of the flags.
+func (p *planFlags) request(name string) api.CampaignRequest {
+	sel := api.CampaignSelector{Claims: p.claims, Racks: p.racks, Sites: p.sites}
+	for _, kv := range p.labels {
+		k, v, _ := strings.Cut(kv, "=")
+		if sel.Labels == nil {
+			sel.Labels = map[string]string{}
+		}
+		sel.Labels[k] = v
+	}
+	return api.CampaignRequest{Name: name, Action: p.action, Image: p.image, Baseline: p.baseline, BIOS: p.bios, Selector: sel,
+		Limits: api.CampaignLimits{ClusterPercent: p.percent, PerRack: p.perRack, MaxFailures: p.maxFail, MaxParallel: p.maxParallel}}
+}
+
 func campaignPlanCmd(o *cliOpts) *cobra.Command {
 	var p planFlags
 	c := &cobra.Command{
@@ -62,7 +81,9 @@ has measured (recent drains, reinspections and reprovisions) where it has them.`
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if p.fleet == "" {
-				return fmt.Errorf("plan: --fleet is required in this build (the server-side plan comes with /v1/campaigns)")
+				return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.CampaignPlan, error) {
+					return cl.PlanCampaign(ctx, p.request("plan"))
+				}, planTable)
 			}
 			f, err := waves.ParseFleet(p.fleet)
 			if err != nil {
@@ -105,6 +126,103 @@ func planTable(v api.CampaignPlan) func(*tabwriter.Writer) {
 		for _, s := range v.Sites {
 			row(tw, dash(s.Site), strconv.Itoa(s.Machines), strconv.Itoa(s.Racks), strconv.Itoa(s.Groups), strconv.Itoa(s.Waves),
 				strconv.Itoa(s.LowerBound), strconv.Itoa(s.MaxWave), s.Total, s.Binding)
+		}
+	}
+}
+
+// campaignAPICmds are the commands over /v1/campaigns: create, start,
+// status, halt, resume.
+func campaignAPICmds(o *cliOpts) []*cobra.Command {
+	var p planFlags
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a campaign: the selected machines with their waves (planned; nothing is touched until `kiln campaign start`)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Campaign, error) {
+				return cl.CreateCampaign(ctx, p.request(args[0]))
+			}, campaignTable)
+		},
+	}
+	p.add(create)
+	var reason, message string
+	why := func(c *cobra.Command) *cobra.Command {
+		c.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
+		c.Flags().StringVar(&message, "message", "", "free-text note")
+		return c
+	}
+	act := func(use, short string, f func(*client.Client, context.Context, string, api.ActionRequest) (api.Campaign, error)) *cobra.Command {
+		return why(&cobra.Command{
+			Use: use + " NAME", Short: short, Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Campaign, error) {
+					return f(cl, ctx, args[0], api.ActionRequest{Reason: reason, Message: message})
+				}, campaignTable)
+			},
+		})
+	}
+	status := &cobra.Command{
+		Use:   "status [NAME]",
+		Short: "Show a campaign (its waves and every machine), or list the campaigns",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return show(o, cmd, func(ctx context.Context, cl *client.Client) ([]api.Campaign, error) {
+					return cl.ListCampaigns(ctx)
+				}, campaignsTable)
+			}
+			return show(o, cmd, func(ctx context.Context, cl *client.Client) (api.Campaign, error) {
+				return cl.GetCampaign(ctx, args[0])
+			}, campaignTable)
+		},
+	}
+	return []*cobra.Command{create, status,
+		act("start", "Start a planned campaign: the leader takes its waves", (*client.Client).StartCampaign),
+		act("halt", "Halt a campaign: no further machine is taken out (those out finish)", (*client.Client).HaltCampaign),
+		act("resume", "Resume a halted campaign (its failures are forgotten; failed machines are not tried again)", (*client.Client).ResumeCampaign),
+	}
+}
+
+func campaignsTable(list []api.Campaign) func(*tabwriter.Writer) {
+	return func(tw *tabwriter.Writer) {
+		row(tw, "ID", "NAME", "ACTION", "STATE", "WAVE", "MACHINES", "DONE", "FAILED", "ACTIVE")
+		for _, c := range list {
+			row(tw, c.ID, c.Name, c.Action, c.State, fmt.Sprintf("%d/%d", c.Wave, c.Waves), strconv.Itoa(len(c.Machines)),
+				strconv.Itoa(c.Counts["done"]), strconv.Itoa(c.Counts["failed"]), strconv.Itoa(c.Counts["active"]))
+		}
+	}
+}
+
+func campaignTable(c api.Campaign) func(*tabwriter.Writer) {
+	return func(tw *tabwriter.Writer) {
+		row(tw, "CAMPAIGN:", c.Name+" ("+c.ID+")")
+		target := c.Image
+		switch c.Action {
+		case "firmware":
+			target = c.Baseline
+		case "bios":
+			var kv []string
+			for k, v := range c.BIOS {
+				kv = append(kv, k+"="+v)
+			}
+			target = strings.Join(kv, ",")
+		}
+		row(tw, "CHANGE:", c.Action+" "+target)
+		row(tw, "LIMITS:", fmt.Sprintf("%g%% of a claim (at least 1), %d per rack, halt above %d failures", c.Limits.ClusterPercent, c.Limits.PerRack, c.Limits.MaxFailures))
+		row(tw, "STATE:", c.State+" "+dash(c.Message))
+		row(tw, "WAVE:", fmt.Sprintf("%d of %d", c.Wave, c.Waves))
+		row(tw, "MACHINES:", fmt.Sprintf("%d: %d done, %d active, %d pending, %d failed, %d skipped", len(c.Machines), c.Counts["done"],
+			c.Counts["active"], c.Counts["pending"], c.Counts["failed"], c.Counts["skipped"]))
+		row(tw, "")
+		row(tw, "WAVE", "MACHINE", "RACK", "CLAIM", "STATE", "STARTED", "ENDED", "WHY")
+		t := func(x time.Time) string {
+			if x.IsZero() {
+				return "-"
+			}
+			return x.Format(time.RFC3339)
+		}
+		for _, m := range c.Machines {
+			row(tw, strconv.Itoa(m.Wave), m.ID, dash(m.Rack), dash(m.Group), m.State, t(m.Started), t(m.Ended), dash(m.Why))
 		}
 	}
 }
