@@ -102,6 +102,10 @@ type CampaignMachine struct {
 	Started     time.Time `json:"started,omitempty"`
 	Ended       time.Time `json:"ended,omitempty"`
 	Why         string    `json:"why,omitempty"`
+	// Step and StepAt are the firmware and bios actions' progress on the
+	// machine (drain, apply, settle) and when it began.
+	Step   string    `json:"step,omitempty"`
+	StepAt time.Time `json:"step_at,omitempty"`
 }
 
 var campaignStates = map[string]bool{CampaignPlanned: true, CampaignRunning: true, CampaignHalted: true, CampaignCompleted: true}

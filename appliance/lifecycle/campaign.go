@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,7 +75,7 @@ func (c *Controller) campaignAction(action string) (CampaignAction, error) {
 		if c.cfg.Firmware == nil {
 			return nil, fmt.Errorf("%w: action %s: no firmware applier is wired into this appliance (Config.Firmware)", ErrInvalid, action)
 		}
-		return nil, fmt.Errorf("%w: action %s: the firmware applier is declared (FirmwareApplier) but the campaign does not drive it yet", ErrInvalid, action)
+		return bmcAction{kind: action}, nil
 	}
 	return nil, fmt.Errorf("%w: action %q: want os_image, firmware or bios", ErrInvalid, action)
 }
@@ -156,6 +157,13 @@ func inService(m store.Machine) bool {
 	return m.State == store.StateProvisioned && !active(m) && m.Drain == nil && len(criticalConditions(m)) == 0
 }
 
+// ready reports whether a campaign may take m now: provisioned (in
+// service) or available (unclaimed: the bmc changes), no repair run, no
+// drain, nothing Critical.
+func ready(m store.Machine) bool {
+	return (m.State == store.StateProvisioned || m.State == store.StateAvailable) && !active(m) && m.Drain == nil && len(criticalConditions(m)) == 0
+}
+
 // selects reports whether sel picks m.
 func selects(sel store.CampaignSelector, m store.Machine) bool {
 	for k, v := range sel.Labels {
@@ -218,8 +226,8 @@ func (c *Controller) checkSpec(s *CampaignSpec) error {
 	return nil
 }
 
-// selection is the machines spec picks (os_image: only claimed ones) and
-// the size of every claim role.
+// selection is the machines spec picks — provisioned or available ones;
+// os_image: only claimed ones — and the size of every claim role.
 func (c *Controller) selection(spec CampaignSpec) ([]store.Machine, map[string]int, error) {
 	all, err := c.listAll(store.ListOptions{})
 	if err != nil {
@@ -232,7 +240,7 @@ func (c *Controller) selection(spec CampaignSpec) ([]store.Machine, map[string]i
 		if g != "" {
 			size[m.Site+"/"+g]++
 		}
-		if m.State == store.StateRetired || m.State == store.StateRMA || !selects(spec.Selector, m) {
+		if (m.State != store.StateProvisioned && m.State != store.StateAvailable) || !selects(spec.Selector, m) {
 			continue
 		}
 		if spec.Action == store.CampaignActionOSImage && g == "" {
@@ -433,7 +441,8 @@ func (c *Controller) ResumeCampaign(ctx context.Context, id string, w store.W) (
 }
 
 // campaigns is the campaign pass of Tick (leader only): every running
-// campaign is stepped once (stepCampaign).
+// campaign is stepped once (stepCampaign); a halted one only has its
+// machines out judged as they finish.
 func (c *Controller) campaigns(ctx context.Context) error {
 	if !c.st.IsLeader() {
 		return nil
@@ -444,9 +453,22 @@ func (c *Controller) campaigns(ctx context.Context) error {
 	}
 	var all []store.Machine
 	var errs []error
+	// Machines out for any campaign (running or halted) count as out
+	// whatever their record says (a bmc change without a drain keeps the
+	// machine provisioned).
+	busy := map[string]bool{}
+	for _, camp := range list {
+		if camp.State == store.CampaignRunning || camp.State == store.CampaignHalted {
+			for _, m := range camp.Machines {
+				if m.State == store.CampaignMachineActive {
+					busy[m.ID] = true
+				}
+			}
+		}
+	}
 	for _, camp := range list {
 		c.exportCampaign(camp)
-		if camp.State != store.CampaignRunning {
+		if camp.State != store.CampaignRunning && camp.State != store.CampaignHalted {
 			continue
 		}
 		if all == nil {
@@ -454,7 +476,9 @@ func (c *Controller) campaigns(ctx context.Context) error {
 				return err
 			}
 		}
-		if err := c.stepCampaign(ctx, camp, all); err != nil {
+		if err := c.stepCampaign(ctx, camp, all, busy); errors.Is(err, store.ErrConflict) {
+			continue // written meanwhile (an apply's end, an operator): the next tick steps it
+		} else if err != nil {
 			errs = append(errs, fmt.Errorf("campaign %s: %w", camp.Name, err))
 		}
 	}
@@ -479,7 +503,7 @@ func (c *Controller) campaigns(ctx context.Context) error {
 // The record is written (one compare-and-set) before any machine is
 // touched, so a new leader finds every taken machine marked active and
 // starts (again) only those whose change has not begun.
-func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all []store.Machine) error {
+func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all []store.Machine, busy map[string]bool) error {
 	act, err := c.campaignAction(camp.Action)
 	if err != nil {
 		return err
@@ -496,14 +520,16 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 		}
 		// Out of service: a machine that serves a claim (or whose claim
 		// waits for a spare) and is not in service now.
-		if g != "" && !inService(m) {
+		out := (g != "" && !inService(m)) || busy[m.ID]
+		if out && g != "" {
 			outG[g]++
-			if m.Rack != "" {
-				outR[m.Rack]++
-			}
+		}
+		if out && m.Rack != "" {
+			outR[m.Rack]++
 		}
 	}
 	var restart []int // active machines whose change has not begun (Judge said so)
+	var ended []int   // machines whose change ended in this step
 	changed := false
 	for i := range camp.Machines {
 		cm := &camp.Machines[i]
@@ -519,6 +545,7 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 		switch st, why := act.Judge(c, camp, *cm, m); st {
 		case store.CampaignMachineDone, store.CampaignMachineFailed, store.CampaignMachineSkipped:
 			cm.State, cm.Ended, cm.Why, changed = st, now, truncate(why, 256), true
+			ended = append(ended, i)
 			if st == store.CampaignMachineFailed {
 				camp.Failures++
 			}
@@ -527,11 +554,34 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 		}
 	}
 	w := store.W{Actor: ActorCampaign, Reason: ReasonCampaignMachine}
+	if camp.State == store.CampaignHalted {
+		// Halted: the machines out finish their change and are judged;
+		// nothing is started.
+		if !changed {
+			return nil
+		}
+		out, err := c.writeCampaign(ctx, camp, w)
+		if err == nil {
+			if fin, ok := act.(campaignFinisher); ok {
+				for _, i := range ended {
+					_ = fin.Finish(ctx, c, out, out.Machines[i])
+				}
+			}
+		}
+		return err
+	}
 	if camp.Failures > camp.Limits.MaxFailures {
 		camp.State, camp.HaltedAt, camp.Reason = store.CampaignHalted, now, ReasonCampaignFailures
 		camp.Message = fmt.Sprintf("%d machines failed, more than max_failures %d: halted, no machine is started until `kiln campaign resume`",
 			camp.Failures, camp.Limits.MaxFailures)
-		_, err := c.writeCampaign(ctx, camp, store.W{Actor: ActorCampaign, Reason: ReasonCampaignFailures, Message: camp.Message})
+		out, err := c.writeCampaign(ctx, camp, store.W{Actor: ActorCampaign, Reason: ReasonCampaignFailures, Message: camp.Message})
+		if err == nil {
+			if fin, ok := act.(campaignFinisher); ok {
+				for _, i := range ended {
+					_ = fin.Finish(ctx, c, out, out.Machines[i])
+				}
+			}
+		}
 		return err
 	}
 	// The gate: the wave is over when none of its machines is pending or active.
@@ -553,7 +603,14 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 	if camp.Wave > camp.Waves {
 		camp.State, camp.EndedAt, camp.Reason = store.CampaignCompleted, now, ReasonCampaignCompleted
 		camp.Message = campaignSummary(camp)
-		_, err := c.writeCampaign(ctx, camp, store.W{Actor: ActorCampaign, Reason: ReasonCampaignCompleted, Message: camp.Message})
+		out, err := c.writeCampaign(ctx, camp, store.W{Actor: ActorCampaign, Reason: ReasonCampaignCompleted, Message: camp.Message})
+		if err == nil {
+			if fin, ok := act.(campaignFinisher); ok {
+				for _, i := range ended {
+					_ = fin.Finish(ctx, c, out, out.Machines[i])
+				}
+			}
+		}
 		return err
 	}
 	var take []int
@@ -573,7 +630,7 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 		case camp.Action == store.CampaignActionOSImage && m.Claim == nil:
 			cm.State, cm.Ended, cm.Why, changed = store.CampaignMachineSkipped, now, "no claim (state "+string(m.State)+")", true
 			continue
-		case !inService(m):
+		case !ready(m) || busy[m.ID]:
 			continue // out already (counted): it waits until it is back in service
 		}
 		g := groupOf(m)
@@ -589,6 +646,7 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 		if m.Rack != "" {
 			outR[m.Rack]++
 		}
+		busy[m.ID] = true
 		cm.State, cm.Started, cm.Why, changed = store.CampaignMachineActive, now, "", true
 		cm.BaseAttempt = 0
 		if m.Remediation != nil {
@@ -604,6 +662,13 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 		camp = out
 	}
 	var errs []error
+	if fin, ok := act.(campaignFinisher); ok {
+		for _, i := range ended {
+			if err := fin.Finish(ctx, c, camp, camp.Machines[i]); err != nil {
+				errs = append(errs, fmt.Errorf("machine %s: %w", camp.Machines[i].ID, err))
+			}
+		}
+	}
 	for _, i := range append(restart, take...) {
 		cm := camp.Machines[i]
 		if err := act.Start(ctx, c, camp, cm, byID[cm.ID]); err != nil {
@@ -611,6 +676,13 @@ func (c *Controller) stepCampaign(ctx context.Context, camp store.Campaign, all 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// campaignFinisher is an action with work after a machine's change
+// ended (done or failed), once the record says so: the bmc actions drop
+// their drain record.
+type campaignFinisher interface {
+	Finish(ctx context.Context, c *Controller, camp store.Campaign, cm store.CampaignMachine) error
 }
 
 // campaignNotBegun is Judge's answer for an active machine whose change
@@ -680,4 +752,184 @@ func (osImageAction) Judge(c *Controller, camp store.Campaign, cm store.Campaign
 		last = r.History[n-1].Step + ": " + r.History[n-1].Why
 	}
 	return store.CampaignMachineFailed, "reprovision " + r.Outcome + ": " + last
+}
+
+// bmcAction is the firmware and bios changes through FirmwareApplier, on
+// a machine that stays provisioned. Its progress is the campaign record's
+// (CampaignMachine.Step): drain — a drain asked on the machine
+// (Machine.Drain, step "campaign/<id>", the claim's webhook; the owner's
+// ack, or the drain policy at its timeout; no drain wanted: at once);
+// apply — the applier runs on the leader in the background (it returns
+// when the BMC's task ended and the value was read back; after a failover
+// the new leader runs it again: bringing a machine to a baseline twice is
+// the same as once); settle — Remediation.Settle after the apply, done
+// when nothing is Critical then, failed otherwise. The drain record is
+// dropped when the machine's change ends.
+type bmcAction struct{ kind string }
+
+// bmc action steps (CampaignMachine.Step).
+const (
+	campStepDrain  = "drain"
+	campStepApply  = "apply"
+	campStepSettle = "settle"
+)
+
+func drainTag(camp store.Campaign) string { return "campaign/" + camp.ID }
+
+func (a bmcAction) Start(ctx context.Context, c *Controller, camp store.Campaign, cm store.CampaignMachine, _ store.Machine) error {
+	why := fmt.Sprintf("campaign %s wave %d: %s", camp.Name, camp.Wave, a.kind)
+	now := c.now()
+	m, err := c.update(ctx, cm.ID, store.W{Actor: ActorCampaign, Reason: ReasonDrainRequested, Message: why}, func(x *store.Machine) error {
+		if x.Drain != nil && x.Drain.Step == drainTag(camp) {
+			return errNoChange
+		}
+		if !c.drainWanted(*x) {
+			return errNoChange
+		}
+		x.Drain = c.newDrain(*x, drainTag(camp), why, now)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if m.Drain != nil && m.Drain.Step == drainTag(camp) && m.Drain.Acked.IsZero() {
+		c.sendDrainWebhook(context.WithoutCancel(ctx), m)
+	}
+	_, err = c.setCampaign(ctx, camp.ID, store.W{Actor: ActorCampaign, Reason: ReasonCampaignMachine}, func(x *store.Campaign) error {
+		for i := range x.Machines {
+			if x.Machines[i].ID == cm.ID && x.Machines[i].State == store.CampaignMachineActive && x.Machines[i].Step == "" {
+				x.Machines[i].Step, x.Machines[i].StepAt = campStepDrain, now
+				return nil
+			}
+		}
+		return errNoChange
+	})
+	if errors.Is(err, errNoChange) {
+		err = nil
+	}
+	return err
+}
+
+func (a bmcAction) Judge(c *Controller, camp store.Campaign, cm store.CampaignMachine, m store.Machine) (string, string) {
+	now := c.now()
+	switch cm.Step {
+	case "":
+		return campaignNotBegun, ""
+	case campStepDrain:
+		d := m.Drain
+		drained := d == nil || d.Step != drainTag(camp) || !d.Acked.IsZero() ||
+			(now.After(d.Deadline) && c.cfg.Remediation.DrainPolicy == DrainProceed)
+		if drained {
+			c.applyBMC(camp, cm.ID, a.kind)
+		}
+	case campStepApply:
+		c.applyBMC(camp, cm.ID, a.kind) // no-op while this node runs it; a new leader runs it again
+	case campStepSettle:
+		if now.Sub(cm.StepAt) < c.cfg.Remediation.Settle {
+			break
+		}
+		if crit := criticalConditions(m); len(crit) > 0 {
+			return store.CampaignMachineFailed, a.kind + " applied, then Critical after " + c.cfg.Remediation.Settle.String() + ": " + describeCritical(m)
+		}
+		return store.CampaignMachineDone, a.kind + " applied; nothing Critical " + c.cfg.Remediation.Settle.String() + " after"
+	}
+	return store.CampaignMachineActive, ""
+}
+
+func (a bmcAction) Finish(ctx context.Context, c *Controller, camp store.Campaign, cm store.CampaignMachine) error {
+	_, err := c.update(ctx, cm.ID, store.W{Actor: ActorCampaign, Reason: ReasonCampaignMachine, Message: "campaign " + camp.Name + ": " + cm.State},
+		func(x *store.Machine) error {
+			if x.Drain == nil || x.Drain.Step != drainTag(camp) {
+				return errNoChange
+			}
+			x.Drain = nil
+			return nil
+		})
+	return err
+}
+
+// applyBMC runs the applier for machine id in the background, at most once
+// at a time per machine on this node (campApply): the record moves to
+// apply first, then to settle (or the machine fails) when it returns.
+func (c *Controller) applyBMC(camp store.Campaign, id, kind string) {
+	key := camp.ID + "/" + id
+	if !c.campApply.begin(key) {
+		return
+	}
+	go func() {
+		defer c.campApply.end(key)
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Remediation.ReprovisionTimeout)
+		defer cancel()
+		w := store.W{Actor: ActorCampaign, Reason: ReasonCampaignMachine}
+		// mark writes the machine's progress; the applies of one wave
+		// write the same record at once, so a conflict is retried until
+		// the write lands (a lost "settle" would apply the change again).
+		mark := func(fn func(*store.CampaignMachine, *store.Campaign)) error {
+			for {
+				_, err := c.setCampaign(ctx, camp.ID, w, func(x *store.Campaign) error {
+					for i := range x.Machines {
+						if x.Machines[i].ID == id && x.Machines[i].State == store.CampaignMachineActive {
+							fn(&x.Machines[i], x)
+							return nil
+						}
+					}
+					return errNoChange
+				})
+				if !errors.Is(err, store.ErrConflict) || ctx.Err() != nil {
+					return err
+				}
+				time.Sleep(time.Duration(1+len(id)%7) * time.Millisecond)
+			}
+		}
+		if err := mark(func(m *store.CampaignMachine, _ *store.Campaign) {
+			if m.Step != campStepApply {
+				m.Step, m.StepAt = campStepApply, c.now()
+			}
+		}); err != nil {
+			return
+		}
+		var err error
+		if kind == store.CampaignActionFirmware {
+			err = c.cfg.Firmware.ApplyFirmware(ctx, id, camp.Baseline)
+		} else {
+			err = c.cfg.Firmware.ApplyBIOS(ctx, id, camp.BIOS)
+		}
+		now := c.now()
+		if err != nil {
+			why := truncate(kind+" failed: "+sanitize(err.Error()), 256)
+			_ = mark(func(m *store.CampaignMachine, x *store.Campaign) {
+				m.State, m.Ended, m.Why = store.CampaignMachineFailed, now, why
+				x.Failures++
+			})
+			_ = bmcAction{kind: kind}.Finish(ctx, c, camp, store.CampaignMachine{ID: id, State: store.CampaignMachineFailed})
+			return
+		}
+		_ = mark(func(m *store.CampaignMachine, _ *store.Campaign) { m.Step, m.StepAt = campStepSettle, now })
+	}()
+}
+
+// campApplies is the set of bmc applies this node runs (its lock guards
+// only the set).
+type campApplies struct {
+	mu      sync.Mutex
+	running map[string]bool
+}
+
+func (s *campApplies) begin(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running[key] {
+		return false
+	}
+	if s.running == nil {
+		s.running = map[string]bool{}
+	}
+	s.running[key] = true
+	return true
+}
+
+func (s *campApplies) end(key string) {
+	s.mu.Lock()
+	delete(s.running, key)
+	s.mu.Unlock()
 }

@@ -41,7 +41,7 @@ type campNode struct {
 	wg   sync.WaitGroup
 }
 
-func newCampFleet(t *testing.T, stores []*store.Store, lead int) *campFleet {
+func newCampFleet(t *testing.T, stores []*store.Store, lead int, mod ...func(*Config)) *campFleet {
 	clk := &clock{t: time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)}
 	f := &campFleet{t: t, clk: clk, lead: lead, rack: map[string]string{}, role: map[string]string{}, failBuild: map[string]bool{}}
 	for _, st := range stores {
@@ -51,6 +51,9 @@ func newCampFleet(t *testing.T, stores []*store.Store, lead int) *campFleet {
 			c.Now = clk.Now
 			c.Remediation = RemediationConfig{PowerCycleTimeout: 5 * time.Minute, ReinspectTimeout: 10 * time.Minute,
 				ReprovisionTimeout: 15 * time.Minute, Settle: time.Minute, DrainTimeout: 5 * time.Minute}
+			for _, m := range mod {
+				m(c)
+			}
 		})
 		h.clk = clk
 		n := &campNode{st: st, h: h}
@@ -139,7 +142,7 @@ func (f *campFleet) play() {
 				must(t, c.AgentReport(bg, m.ID, agentapi.Report{Step: agentapi.StepErase, State: agentapi.StateSucceeded}))
 			}
 		}
-		if m.Drain != nil && m.Drain.Acked.IsZero() && active(m) && m.Remediation.Step == StepDrain {
+		if m.Drain != nil && m.Drain.Acked.IsZero() && (active(m) && m.Remediation.Step == StepDrain || strings.HasPrefix(m.Drain.Step, "campaign/")) {
 			_, err := c.DrainAck(bg, m.ID, store.W{Actor: "owner"})
 			must(t, err)
 		}
@@ -183,6 +186,9 @@ func (f *campFleet) step(d time.Duration) {
 		h.c.jobs.mu.Lock()
 		n := len(h.c.jobs.inflight)
 		h.c.jobs.mu.Unlock()
+		h.c.campApply.mu.Lock()
+		n += len(h.c.campApply.running)
+		h.c.campApply.mu.Unlock()
 		if n == 0 {
 			break
 		}
@@ -503,4 +509,104 @@ func gaugeValue(t *testing.T, h *harness, name, label string) float64 {
 	}
 	t.Fatalf("no %s{campaign=%q}", name, label)
 	return 0
+}
+
+// fwApplier stands in for the appliance's adapter over kiln/bmc's
+// firmware methods (r17bmc's UpdateFirmware / SetBIOSAttributes against
+// the vbmc's UpdateService): it records each call, how many run at once
+// per rack and claim, and fails the machines in fail.
+type fwApplier struct {
+	f     *campFleet
+	mu    sync.Mutex
+	calls []string
+	now   map[string]int // rack or claim → calls running
+	peak  map[string]int
+	fail  map[string]bool
+}
+
+func (a *fwApplier) apply(id, what string) error {
+	a.mu.Lock()
+	a.calls = append(a.calls, id+" "+what)
+	for _, k := range []string{"rack:" + a.f.rack[id], "claim:" + a.f.role[id]} {
+		a.now[k]++
+		a.peak[k] = max(a.peak[k], a.now[k])
+	}
+	fail := a.fail[id]
+	a.mu.Unlock()
+	time.Sleep(5 * time.Millisecond) // the BMC's task
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, k := range []string{"rack:" + a.f.rack[id], "claim:" + a.f.role[id]} {
+		a.now[k]--
+	}
+	if fail {
+		return fmt.Errorf("UpdateService task ended Exception: image rejected")
+	}
+	return nil
+}
+
+func (a *fwApplier) ApplyFirmware(_ context.Context, id, baseline string) error {
+	return a.apply(id, "firmware "+baseline)
+}
+func (a *fwApplier) ApplyBIOS(_ context.Context, id string, attrs map[string]string) error {
+	return a.apply(id, fmt.Sprint("bios ", attrs))
+}
+
+// A firmware campaign through FirmwareApplier: each machine is drained
+// (the owner acks), its firmware applied once, judged after the settle
+// time, its drain dropped; the limits hold in the history and in the
+// calls running at once; a failed apply halts the campaign.
+func TestCampaignFirmwareThroughApplier(t *testing.T) {
+	a := &fwApplier{now: map[string]int{}, peak: map[string]int{}, fail: map[string]bool{}}
+	f := newCampFleet(t, []*store.Store{newStore(t)}, 0, func(c *Config) { c.Firmware = a })
+	a.f = f
+	camp, err := f.c().CreateCampaign(bg, CampaignSpec{Name: "bios-2.1", Action: store.CampaignActionFirmware, Baseline: "r650-2026-12",
+		Selector: store.CampaignSelector{Claims: []string{"a", "b"}}, Limits: store.CampaignLimits{ClusterPercent: 50}}, store.W{Actor: "api:alice"})
+	must(t, err)
+	from := lastIndex(t, f.st())
+	_, err = f.c().StartCampaign(bg, camp.ID, store.W{Actor: "api:alice"})
+	must(t, err)
+	camp = f.runUntil(camp.ID, settled)
+	if camp.State != store.CampaignCompleted || len(a.calls) != 24 {
+		t.Fatalf("%s %s, %d calls", camp.State, campaignSummary(camp), len(a.calls))
+	}
+	for _, id := range f.ids {
+		if m := f.h().get(id); m.Drain != nil || m.State != store.StateProvisioned {
+			t.Fatalf("machine %s after: %s drain %+v", id, m.State, m.Drain)
+		}
+	}
+	var acks int
+	for _, ev := range eventsAfter(t, f.st(), from) {
+		if strings.HasPrefix(ev.Subject, "machine/") && ev.Reason == ReasonDrainAcked {
+			acks++
+		}
+	}
+	if acks != 24 {
+		t.Fatalf("%d drain acks", acks)
+	}
+	peakClaim, peakRack := f.checkLimits(from, camp.Limits)
+	if peakClaim != 6 || peakRack != 2 {
+		t.Fatalf("history peaks %d %d", peakClaim, peakRack)
+	}
+	for k, n := range a.peak {
+		if (strings.HasPrefix(k, "rack:") && n > 2) || n > 6 {
+			t.Fatalf("%s: %d applies at once", k, n)
+		}
+	}
+	// A failing apply halts the next campaign.
+	a.fail[f.ids[5]] = true
+	camp, err = f.c().CreateCampaign(bg, CampaignSpec{Name: "bios-attrs", Action: store.CampaignActionBIOS, BIOS: map[string]string{"SriovGlobalEnable": "Enabled"},
+		Selector: store.CampaignSelector{Racks: []string{"rack-2", "rack-3"}}}, store.W{Actor: "api:alice"})
+	must(t, err)
+	_, err = f.c().StartCampaign(bg, camp.ID, store.W{Actor: "api:alice"})
+	must(t, err)
+	camp = f.runUntil(camp.ID, settled)
+	if camp.State != store.CampaignHalted || camp.Failures != 1 || !strings.Contains(camp.Message, "1 machines failed") {
+		t.Fatalf("%s %s", camp.State, camp.Message)
+	}
+	for _, m := range camp.Machines {
+		if m.ID == f.ids[5] && (m.State != store.CampaignMachineFailed || !strings.Contains(m.Why, "image rejected")) {
+			t.Fatalf("victim %+v", m)
+		}
+	}
 }

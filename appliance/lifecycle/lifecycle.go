@@ -72,19 +72,20 @@ type Controller struct {
 	bmc BMC
 	m   *metrics
 
-	jobs    *jobQueue        // jobs.go
-	backoff inspectBackoff   // jobs.go
-	guard   bootGuard        // bootguard.go
-	cw      claimWakes       // claimwake.go
-	disc    discoveryLimiter // discovery.go
-	steps   stepTimer        // agent.go
-	uploads uploadSet        // catalog.go
-	health  healthPoller     // health.go
-	spares  spareState       // spares.go
-	rm      *remMetrics      // remediation.go
-	cm      *campMetrics     // campaign.go
-	httpc   *http.Client     // drain webhooks (drain.go)
-	log     atomic.Pointer[slog.Logger]
+	jobs      *jobQueue        // jobs.go
+	backoff   inspectBackoff   // jobs.go
+	guard     bootGuard        // bootguard.go
+	cw        claimWakes       // claimwake.go
+	disc      discoveryLimiter // discovery.go
+	steps     stepTimer        // agent.go
+	uploads   uploadSet        // catalog.go
+	health    healthPoller     // health.go
+	spares    spareState       // spares.go
+	rm        *remMetrics      // remediation.go
+	cm        *campMetrics     // campaign.go
+	campApply campApplies      // campaign.go: the bmc applies this node runs
+	httpc     *http.Client     // drain webhooks (drain.go)
+	log       atomic.Pointer[slog.Logger]
 }
 
 // New returns a controller over st and bmc (bmc may be nil: no machine is
