@@ -84,6 +84,10 @@ type Backend interface {
 	// Firmware and BIOS baselines (issue 17; firmware.go).
 	FirmwareBackend
 
+	// Campaigns (issue 17; campaigns.go): plan, create, start, halt,
+	// resume, status.
+	CampaignBackend
+
 	// Agent protocol (package agentapi).
 	AgentRegister(ctx context.Context, machineID string, reg agentapi.Registration) (agentapi.Task, error)
 	AgentTask(ctx context.Context, machineID string) (agentapi.Task, error)

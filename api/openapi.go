@@ -202,7 +202,7 @@ func OpenAPI() map[string]any {
 	g := &schemaGen{defs: map[string]any{}}
 	errRef := g.schema(reflect.TypeOf(ErrorBody{}))
 	paths := map[string]any{}
-	for _, op := range append(append(append(append(append(append(docOps, clusterDocOps()...), backupDocOps()...), remediationDocOps()...), leaseDocOps()...), firmwareDocOps()...), attestDocOps()...) { // cluster.go, backup.go, remediation.go, leases.go, firmware.go, attest.go
+	for _, op := range append(append(append(append(append(append(append(docOps, clusterDocOps()...), backupDocOps()...), remediationDocOps()...), leaseDocOps()...), firmwareDocOps()...), attestDocOps()...), campaignDocOps()...) { // cluster.go, backup.go, remediation.go, leases.go, firmware.go, attest.go, campaigns.go
 		o := map[string]any{"summary": op.Summary,
 			"operationId": strings.ToLower(op.Method) + strings.NewReplacer("/", "_", "{", "", "}", "", ".", "_").Replace(op.Path)}
 		var params []any

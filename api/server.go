@@ -363,6 +363,7 @@ func (s *Server) routes() {
 	s.backupRoutes(admin)                // backup.go
 	s.remediationRoutes(view, op, admin) // remediation.go
 	s.firmwareRoutes(view, op, admin)    // firmware.go
+	s.campaignRoutes(view, op)           // campaigns.go
 	s.leaseRoutes(view)                  // leases.go
 	s.attestRoutes(view, op, admin)      // attest.go
 }

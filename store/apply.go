@@ -38,10 +38,13 @@ var (
 	bRemediation = []byte("remediation")
 	// Image tombstones (CmdDeleteImageV3): image ID → ImageTombstone.
 	bImageTombstones = []byte("image_tombstones")
+	// Campaigns (CmdPutCampaign, issue 17): campaign ID → Campaign.
+	bCampaigns = []byte("campaigns")
+
 	// Approved measured-boot states (issue 16, attest_record.go): bAttestStates.
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones, bBaselines, bAttestStates}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones, bBaselines, bAttestStates, bCampaigns}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -257,6 +260,11 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Baseline)(putBaseline(a, c.Baseline))
 	case CmdPutAttestState:
 		out, recs, err = putAttestStates(a, c.AttestStates)
+	case CmdPutCampaign:
+		if c.Campaign == nil {
+			return nil, nil, 0, fmt.Errorf("%w: put_campaign without campaign", ErrBadCommand)
+		}
+		one(c.Campaign)(putCampaign(a, c.Campaign))
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}

@@ -50,6 +50,7 @@ const (
 	CmdPutAttestState                    // 33: AttestStates (1..n, CAS each, all-or-nothing): approved measured-boot states per hardware model (issue 16)
 	cmdReserved34                        // 34: reserved (issue 16); never written: an entry of it halts the FSM
 	CmdPutBaseline                       // 35: Baseline: the firmware/BIOS baseline of one hardware model (compare-and-set; store/baseline.go)
+	CmdPutCampaign                       // 36: Campaign (compare-and-set; campaign_record.go, issue 17)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -64,7 +65,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
 	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2",
-	"put_machines_v4", "agent_report_v2", "put_image_v2", "put_attest_state", "reserved_34", "put_baseline"}
+	"put_machines_v4", "agent_report_v2", "put_image_v2", "put_attest_state", "reserved_34", "put_baseline", "put_campaign"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -131,6 +132,8 @@ type command struct {
 	Baseline *Baseline `json:"baseline,omitempty"`
 	// AttestStates is CmdPutAttestState's records (issue 16).
 	AttestStates []AttestState `json:"attest_states,omitempty"`
+	// Campaign is CmdPutCampaign's record (issue 17).
+	Campaign *Campaign `json:"campaign,omitempty"`
 }
 
 // encodeCommand returns the log-entry bytes: 1 byte CommandType, then the

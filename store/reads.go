@@ -242,6 +242,14 @@ func (s *Store) GetRepairBrake() (RepairBrake, error) {
 	return getRec[RepairBrake](s.fsm, bRemediation, "remediation", BrakeID)
 }
 
+// GetCampaign returns campaign id or ErrNotFound.
+func (s *Store) GetCampaign(id string) (Campaign, error) {
+	return getRec[Campaign](s.fsm, bCampaigns, "campaign", id)
+}
+
+// ListCampaigns returns every campaign ordered by ID.
+func (s *Store) ListCampaigns() ([]Campaign, error) { return listRec[Campaign](s.fsm, bCampaigns) }
+
 // GetJob returns job id or ErrNotFound.
 func (s *Store) GetJob(id string) (Job, error) { return getRec[Job](s.fsm, bJobs, "job", id) }
 

@@ -176,6 +176,16 @@ func (s *Store) PutRepairBrake(ctx context.Context, b RepairBrake, w W) (RepairB
 	return one[RepairBrake](s.write(ctx, &command{Type: CmdPutRemediation, W: w, Brake: &b}))
 }
 
+// PutCampaign writes campaign c (command 36, put_campaign) with
+// compare-and-set on c.ResourceVersion (0: create; a create of a stored ID
+// is ErrConflict only through the version: the lifecycle makes IDs
+// unique). The events (campaign_record.go putCampaign) carry w. Errors:
+// ErrConflict, ErrNotFound, ErrInvalid, *UnsupportedByClusterError (a
+// node predates command 36), ErrNotLeader.
+func (s *Store) PutCampaign(ctx context.Context, c Campaign, w W) (Campaign, error) {
+	return one[Campaign](s.write(ctx, &command{Type: CmdPutCampaign, W: w, Campaign: &c}))
+}
+
 // DeleteMachine removes machine id and its index entries (ErrNotFound if
 // absent) and emits a "deleted" event.
 func (s *Store) DeleteMachine(ctx context.Context, id string, w W) error {

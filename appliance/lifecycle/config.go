@@ -168,6 +168,10 @@ type Config struct {
 	Attest AttestConfig
 	// Health reads a machine's BMC health (nil: no BMC health poll).
 	Health HealthReader
+	// Firmware applies firmware baselines and BIOS settings through the
+	// BMC for campaigns (campaign.go FirmwareApplier; nil: firmware and
+	// bios campaigns are refused).
+	Firmware FirmwareApplier
 	// FirstBootTimeout (issue 15) bounds the wait from a release build's
 	// completion (finalize succeeded) to the installed OS's first-boot
 	// report (POST /v1/agent/firstboot). None by then: the policy "fail"

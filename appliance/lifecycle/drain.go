@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"kiln/store"
@@ -100,16 +101,18 @@ func (c *Controller) sendDrainWebhook(ctx context.Context, m store.Machine) {
 }
 
 // DrainAck records the owner's acknowledgement of machine id's drain
-// request (POST /v1/machines/{id}/drain/ack): the ladder goes on with the
-// step that waited at the next tick. Errors: *StateError (no drain is
-// pending: none asked, already acknowledged, or the ladder moved on),
-// store errors.
+// request (POST /v1/machines/{id}/drain/ack): the ladder — or the
+// campaign, for a drain of a campaign's firmware or bios change (step
+// "campaign/<id>") — goes on with the step that waited at the next tick.
+// Errors: *StateError (no drain is pending: none asked, already
+// acknowledged, or the ladder moved on), store errors.
 func (c *Controller) DrainAck(ctx context.Context, id string, w store.W) (store.Machine, error) {
 	w = withDefaults(w, ReasonDrainAcked)
 	now := c.now()
 	return c.update(ctx, id, w, func(m *store.Machine) error {
 		r := m.Remediation
-		if m.Drain == nil || !m.Drain.Acked.IsZero() || r == nil || r.Outcome != "" || r.Step != StepDrain {
+		campaign := m.Drain != nil && strings.HasPrefix(m.Drain.Step, "campaign/")
+		if m.Drain == nil || !m.Drain.Acked.IsZero() || (!campaign && (r == nil || r.Outcome != "" || r.Step != StepDrain)) {
 			return &StateError{Op: "drain ack (no drain pending)", Machine: id, State: m.State, Want: []store.MachineState{store.StateRemediating}}
 		}
 		m.Drain.Acked, m.Drain.AckedBy = now, w.Actor

@@ -57,6 +57,11 @@ type Store interface {
 	GetAttestState(id string) (store.AttestState, error)
 	ListAttestStates() ([]store.AttestState, error)
 	PutAttestStates(ctx context.Context, states []store.AttestState, w store.W) ([]store.AttestState, error)
+	// GetCampaign, ListCampaigns and PutCampaign are the campaign records
+	// (store command 36 put_campaign; campaign.go).
+	GetCampaign(id string) (store.Campaign, error)
+	ListCampaigns() ([]store.Campaign, error)
+	PutCampaign(ctx context.Context, c store.Campaign, w store.W) (store.Campaign, error)
 }
 
 // Controller is the lifecycle controller. Its methods are safe for
@@ -76,18 +81,20 @@ type Controller struct {
 	bmc BMC
 	m   *metrics
 
-	jobs    *jobQueue        // jobs.go
-	backoff inspectBackoff   // jobs.go
-	guard   bootGuard        // bootguard.go
-	cw      claimWakes       // claimwake.go
-	disc    discoveryLimiter // discovery.go
-	steps   stepTimer        // agent.go
-	uploads uploadSet        // catalog.go
-	health  healthPoller     // health.go
-	spares  spareState       // spares.go
-	rm      *remMetrics      // remediation.go
-	httpc   *http.Client     // drain webhooks (drain.go)
-	log     atomic.Pointer[slog.Logger]
+	jobs      *jobQueue        // jobs.go
+	backoff   inspectBackoff   // jobs.go
+	guard     bootGuard        // bootguard.go
+	cw        claimWakes       // claimwake.go
+	disc      discoveryLimiter // discovery.go
+	steps     stepTimer        // agent.go
+	uploads   uploadSet        // catalog.go
+	health    healthPoller     // health.go
+	spares    spareState       // spares.go
+	rm        *remMetrics      // remediation.go
+	cm        *campMetrics     // campaign.go
+	campApply campApplies      // campaign.go: the bmc applies this node runs
+	httpc     *http.Client     // drain webhooks (drain.go)
+	log       atomic.Pointer[slog.Logger]
 }
 
 // New returns a controller over st and bmc (bmc may be nil: no machine is
@@ -109,8 +116,12 @@ func New(cfg Config, st Store, bmc BMC, reg *prometheus.Registry) (*Controller, 
 	if err != nil {
 		return nil, err
 	}
+	cm, err := newCampMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	c := &Controller{
-		cfg: cfg, st: st, bmc: bmc, m: m, rm: rm, httpc: &http.Client{},
+		cfg: cfg, st: st, bmc: bmc, m: m, rm: rm, cm: cm, httpc: &http.Client{},
 		jobs: newJobQueue(),
 		disc: discoveryLimiter{rate: cfg.DiscoverRate, burst: float64(cfg.DiscoverBurst)},
 	}
@@ -178,6 +189,9 @@ func (c *Controller) Tick(ctx context.Context) error {
 		}
 	}
 	if err := c.remediate(ctx); err != nil && !errNotV3(err) {
+		errs = append(errs, err)
+	}
+	if err := c.campaigns(ctx); err != nil && !errNotV3(err) {
 		errs = append(errs, err)
 	}
 	if counts, err := c.st.CountByState(); err == nil {

@@ -269,12 +269,27 @@ func (c *Controller) enterStep(r *store.Remediation, step, result, why string, n
 // state remediating, Remediation with the next attempt number. Then it
 // takes the first step's action.
 func (c *Controller) startLadder(ctx context.Context, id, why, first string, drain bool) (store.Machine, error) {
+	return c.startLadderWith(ctx, id, why, first, drain, nil)
+}
+
+// startLadderWith is startLadder with pre applied to the machine in the
+// same write, first (a campaign's os_image changes the claim's image
+// there; pre returning errNoChange writes nothing and starts nothing).
+func (c *Controller) startLadderWith(ctx context.Context, id, why, first string, drain bool, pre func(*store.Machine) error) (store.Machine, error) {
 	now := c.now()
 	w := store.W{Actor: ActorRemediation, Reason: ReasonRemediationStarted, Message: truncate(why, 512)}
+	started := false
 	m, err := c.update(ctx, id, w, func(m *store.Machine) error {
+		started = false
+		if pre != nil {
+			if err := pre(m); err != nil {
+				return err
+			}
+		}
 		if active(*m) || (m.State != store.StateProvisioned && m.State != store.StateFailed) {
 			return &StateError{Op: "remediate", Machine: id, State: m.State, Want: []store.MachineState{store.StateProvisioned, store.StateFailed}}
 		}
+		started = true
 		attempt := 1
 		if m.Remediation != nil {
 			attempt = m.Remediation.Attempt + 1
@@ -293,7 +308,7 @@ func (c *Controller) startLadder(ctx context.Context, id, why, first string, dra
 		m.Reason, m.Message = ReasonRemediationStarted, truncate(why, 512)
 		return nil
 	})
-	if err != nil {
+	if err != nil || !started {
 		return m, err
 	}
 	switch m.Remediation.Step {
@@ -310,6 +325,13 @@ func (c *Controller) startLadder(ctx context.Context, id, why, first string, dra
 // meanwhile) changes nothing.
 func (c *Controller) nextStep(ctx context.Context, id, from, result, why string) (store.Machine, error) {
 	next := map[string]string{StepDrain: StepPowerCycle, StepPowerCycle: StepReinspect}[from]
+	if from == StepDrain {
+		// The drain waits for the run's first step (Drain.Step): power_cycle
+		// for a failure, reinspect for a campaign's reprovision.
+		if cur, err := c.st.GetMachine(id); err == nil && cur.Drain != nil && (cur.Drain.Step == StepReinspect || cur.Drain.Step == StepPowerCycle) {
+			next = cur.Drain.Step
+		}
+	}
 	if next == "" {
 		return c.declareFailed(ctx, id, from, why)
 	}

@@ -51,7 +51,7 @@ func addClientCommands(root *cobra.Command) {
 	pf.StringVarP(&o.output, "output", "o", outTable, "output format: table, json or yaml")
 
 	for _, c := range []*cobra.Command{machinesCmd(o), importCmd(o), imagesCmd(o), eventsCmd(o), statusCmd(o), bmcCmd(o),
-		sitesCmd(o), racksCmd(o), clusterCmd(o), siteCmd(o), backupCmd(o), restoreCmd(), remediationCmd(o), leasesCmd(o), baselineCmd(o), firmwareCmd(o), attestCmd(o)} {
+		sitesCmd(o), racksCmd(o), clusterCmd(o), siteCmd(o), backupCmd(o), restoreCmd(), remediationCmd(o), leasesCmd(o), baselineCmd(o), firmwareCmd(o), attestCmd(o), campaignCmd(o)} {
 		o.explainAll(c)
 		root.AddCommand(c)
 	}
