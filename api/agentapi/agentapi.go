@@ -71,12 +71,18 @@ const (
 	ReasonEraseFailed      Reason = "erase_failed"
 	ReasonTimeout          Reason = "timeout"
 	ReasonInternal         Reason = "internal_error"
+	// Issue 15: build before boot.
+	ReasonVersionMismatch     Reason = "version_mismatch"      // check: kubernetesVersion ≠ the image's kubeadm version
+	ReasonVerityMismatch      Reason = "verity_mismatch"       // verify: veritysetup verify of the base root failed
+	ReasonFirstBootReported   Reason = "first_boot_reported"   // provisioned from the first-boot report
+	ReasonFirstBootUnreported Reason = "first_boot_unreported" // no first-boot report within lifecycle.first_boot_timeout
 )
 
 // Reasons lists every non-empty Reason.
 var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
-	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal}
+	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
+	ReasonVersionMismatch, ReasonVerityMismatch, ReasonFirstBootReported, ReasonFirstBootUnreported}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
 const MaxMessageLen = 512
@@ -103,15 +109,18 @@ type NIC struct {
 
 // Inventory is the hardware the agent found.
 type Inventory struct {
-	Vendor      string `json:"vendor,omitempty"`
-	Product     string `json:"product,omitempty"`
-	Serial      string `json:"serial,omitempty"`
-	UUID        string `json:"uuid,omitempty"`
-	CPUs        int    `json:"cpus"`
-	MemoryBytes uint64 `json:"memory_bytes"`
-	Disks       []Disk `json:"disks"`
-	NICs        []NIC  `json:"nics"`
-	BMCAddress  string `json:"bmc_address,omitempty"`
+	Vendor      string      `json:"vendor,omitempty"`
+	Product     string      `json:"product,omitempty"`
+	Serial      string      `json:"serial,omitempty"`
+	UUID        string      `json:"uuid,omitempty"`
+	CPUs        int         `json:"cpus"`
+	MemoryBytes uint64      `json:"memory_bytes"`
+	Disks       []Disk      `json:"disks"`
+	NICs        []NIC       `json:"nics"`
+	BMCAddress  string      `json:"bmc_address,omitempty"`
+	PCI         []PCIDevice `json:"pci,omitempty"`       // issue 15 (release.go)
+	CPUFlags    []string    `json:"cpu_flags,omitempty"` // issue 15: /proc/cpuinfo "flags"
+	TPM         *TPMInfo    `json:"tpm,omitempty"`       // issue 15: nil = no TPM in /sys/class/tpm
 }
 
 // Registration is the agent's first message.
@@ -191,7 +200,10 @@ type Task struct {
 	// appliance or one that does not send them.
 	Endpoints []string `json:"endpoints,omitempty"`
 	// ErasePolicy tunes an erase task; nil = the defaults documented on ErasePolicy.
-	ErasePolicy *ErasePolicy `json:"erase_policy,omitempty"`
+	ErasePolicy *ErasePolicy  `json:"erase_policy,omitempty"`
+	Layers      []Layer       `json:"layers,omitempty"`     // issue 15: chosen layers, base first (release.go)
+	NodeLayer   *NodeLayer    `json:"node_layer,omitempty"` // issue 15: non-secret per-node files
+	Cluster     *ClusterCheck `json:"cluster,omitempty"`    // issue 15: version check in check
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
@@ -294,5 +306,6 @@ type Report struct {
 	// Erase holds, on the erase step's succeeded or failed report, one certificate per
 	// disk of the machine (skipped ones included); the appliance records each as an
 	// "erase_certificate" event.
-	Erase []DiskErase `json:"erase,omitempty"`
+	Erase []DiskErase  `json:"erase,omitempty"`
+	Build *BuildReport `json:"build,omitempty"` // issue 15: finalize of a layered build (release.go)
 }
