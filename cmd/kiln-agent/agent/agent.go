@@ -87,6 +87,13 @@ type Config struct {
 	StageSize int64
 	// ReadTestBytes is how much the check step reads for the speed test.
 	ReadTestBytes int64
+	// NodeSize is the kiln-node partition size in bytes of a layered build (DefaultNodeSize).
+	NodeSize int64
+	// LookPath finds the environment's tools (veritysetup, mkfs.ext4); nil = exec.LookPath.
+	LookPath func(string) (string, error)
+	// TempDir holds the per-node tree while stage builds it ("" = os.TempDir(), RAM in
+	// the environment).
+	TempDir string
 
 	erase eraseHooks // tests: fault injection into the erase (erase.go)
 }
@@ -153,6 +160,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.ReadTestBytes <= 0 {
 		cfg.ReadTestBytes = DefaultReadTestBytes
+	}
+	if cfg.NodeSize <= 0 {
+		cfg.NodeSize = DefaultNodeSize
 	}
 	if cfg.ReportFor <= 0 {
 		cfg.ReportFor = DefaultReportFor
@@ -599,8 +609,14 @@ func SelectDisk(disks []agentapi.Disk, rule agentapi.DiskRule) (agentapi.Disk, e
 }
 
 // Provision runs check → write → verify → stage → finalize for task and returns the
-// finalize record (also sent as Report.Written). Errors are *StepError.
+// finalize record (also sent as Report.Written). Errors are *StepError. A task with
+// Layers is a layered build (layers.go); without, one image plus the cidata partition.
+// A failure once the write has begun clears the partition table before it is reported
+// (ClearPartitionTable).
 func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]string, error) {
+	if len(task.Layers) > 0 {
+		return a.provisionLayers(ctx, task)
+	}
 	img := task.Image
 	if img == nil || img.URL == "" || len(img.SHA256) != 64 || img.Size == 0 {
 		err := fail(agentapi.StepCheck, agentapi.ReasonInternal, "%v: task needs image url, sha256 and size", ErrBadTask)
@@ -669,8 +685,8 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 	var streamSum string
 	var writeSecs float64
 	writeOnce := func() error {
-		return a.step(ctx, agentapi.StepWrite, func() (string, error) {
-			sum, secs, resumed, err := a.writeImage(ctx, task, dev)
+		return a.stepClearing(ctx, agentapi.StepWrite, dev, int64(img.Size), func() (string, error) {
+			sum, secs, resumed, err := a.writeImage(ctx, img, task.Heartbeat, dev, 0)
 			if err != nil {
 				return "", err
 			}
@@ -679,8 +695,8 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 		})
 	}
 	verifyOnce := func(attempt int) error {
-		return a.step(ctx, agentapi.StepVerify, func() (string, error) {
-			got, err := a.readBack(ctx, task, dev)
+		return a.stepClearing(ctx, agentapi.StepVerify, dev, int64(img.Size), func() (string, error) {
+			got, err := a.readBack(ctx, agentapi.StepVerify, task.Heartbeat, dev, 0, int64(img.Size), nil)
 			if err != nil {
 				return "", fail(agentapi.StepVerify, agentapi.ReasonWriteFailed, "read back: %v", err)
 			}
@@ -721,7 +737,7 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 		"write_bytes_per_s": strconv.FormatFloat(float64(img.Size)/writeSecs, 'f', 0, 64),
 	}
 	if task.Stage != nil {
-		err = a.step(ctx, agentapi.StepStage, func() (string, error) {
+		err = a.stepClearing(ctx, agentapi.StepStage, dev, int64(img.Size), func() (string, error) {
 			info, hk, err := a.stage(task, dev)
 			if err != nil {
 				return "", fail(agentapi.StepStage, agentapi.ReasonStageFailed, "%v", err)
@@ -740,8 +756,12 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 	}
 	_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateStarted})
 	if err := dev.Sync(); err != nil {
-		_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateFailed, Reason: agentapi.ReasonWriteFailed, Message: err.Error()})
-		return nil, fail(agentapi.StepFinalize, agentapi.ReasonWriteFailed, "sync: %v", err)
+		se := fail(agentapi.StepFinalize, agentapi.ReasonWriteFailed, "sync: %v", err)
+		if cerr := ClearPartitionTable(dev, int64(img.Size)); cerr == nil {
+			se.Err = fmt.Errorf("%w; partition table cleared", se.Err)
+		}
+		_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateFailed, Reason: se.Reason, Message: se.Err.Error()})
+		return nil, se
 	}
 	_ = dev.RereadPartitions()
 	if err := a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateSucceeded, Progress: 1, Written: written}); err != nil {
@@ -772,11 +792,10 @@ func (a *Agent) wipeSignatures(dev *Device) error {
 	return dev.Sync()
 }
 
-// writeImage streams the image to dev, hashing the decompressed bytes. It returns the
-// stream's SHA-256 hex, the seconds spent and the resumptions used.
-func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device) (string, float64, int, error) {
-	img := task.Image
-	p := a.startProgress(ctx, agentapi.StepWrite, task.Heartbeat)
+// writeImage streams img to dev at byte offset base, hashing the decompressed bytes. It
+// returns the stream's SHA-256 hex, the seconds spent and the resumptions used.
+func (a *Agent) writeImage(ctx context.Context, img *agentapi.ImageRef, heartbeat time.Duration, dev *Device, base int64) (string, float64, int, error) {
+	p := a.startProgress(ctx, agentapi.StepWrite, heartbeat)
 	defer p.end()
 	rr := &rangeReader{ctx: ctx, client: a.cfg.HTTP, url: img.URL, urls: a.imageURLs(img.URL), token: a.cfg.Token, total: -1,
 		maxResumes: a.cfg.MaxResumes, openTries: a.cfg.Retries, backoff: a.cfg.RetryBase, backoffMax: a.cfg.RetryMax,
@@ -817,7 +836,7 @@ func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device
 		defer wg.Done()
 		for c := range writeCh {
 			if werr == nil {
-				if _, err := dev.WriteAt(c.buf, c.off); err != nil {
+				if _, err := dev.WriteAt(c.buf, base+c.off); err != nil {
 					werr = fmt.Errorf("write %s at %d: %w", dev.Path, c.off, err)
 				}
 			}
@@ -903,18 +922,21 @@ func (a *Agent) imageURLs(u string) []string {
 	return []string{u}
 }
 
-// readBack re-reads the image range of dev with O_DIRECT and returns its SHA-256 hex.
-func (a *Agent) readBack(ctx context.Context, task *agentapi.Task, dev *Device) (string, error) {
-	p := a.startProgress(ctx, agentapi.StepVerify, task.Heartbeat)
+// readBack re-reads (progress reported as step) [start, start+size) of dev with O_DIRECT and returns its SHA-256
+// hex. orig (may be nil) maps logical blocks (of dev.SectorSize bytes, numbered from the
+// disk's start) to the contents they had before stage changed them: those blocks are
+// hashed as they were, so the image range still hashes to the image's digest.
+func (a *Agent) readBack(ctx context.Context, step string, heartbeat time.Duration, dev *Device, start, size int64, orig map[int64][]byte) (string, error) {
+	p := a.startProgress(ctx, step, heartbeat)
 	defer p.end()
 	f, err := openDirect(dev.Path)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	size := int64(task.Image.Size)
 	buf := alignedBuf(writeBufSize)
 	h := sha256.New()
+	lbs := int64(dev.SectorSize)
 	var off int64
 	for off < size {
 		if ctx.Err() != nil {
@@ -926,9 +948,14 @@ func (a *Agent) readBack(ctx context.Context, task *agentapi.Task, dev *Device) 
 		}
 		// O_DIRECT needs sector-multiple lengths: read a whole sector, hash the needed part.
 		rn := alignUp(n, 4096)
-		k, err := f.ReadAt(buf[:rn], off)
+		k, err := f.ReadAt(buf[:rn], start+off)
 		if int64(k) < n {
-			return "", fmt.Errorf("read %s at %d: %d bytes: %v", dev.Path, off, k, err)
+			return "", fmt.Errorf("read %s at %d: %d bytes: %v", dev.Path, start+off, k, err)
+		}
+		for lba, b := range orig {
+			if o := lba*lbs - (start + off); o >= 0 && o+int64(len(b)) <= n {
+				copy(buf[o:], b)
+			}
 		}
 		h.Write(buf[:n])
 		off += n
