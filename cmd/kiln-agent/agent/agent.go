@@ -521,7 +521,12 @@ func (a *Agent) collect() agentapi.Inventory {
 		}
 		inv.BMCAddress = ip
 	}
-	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20, len(inv.Disks), len(inv.NICs))
+	tpm := "none"
+	if inv.TPM != nil {
+		tpm = inv.TPM.Version
+	}
+	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs, %d PCI functions, %d CPU flags, TPM %s", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20,
+		len(inv.Disks), len(inv.NICs), len(inv.PCI), len(inv.CPUFlags), tpm)
 	return inv
 }
 
