@@ -41,6 +41,7 @@ const (
 	DefaultResumeFor     = 5 * time.Minute  // how long a broken image stream keeps trying to resume
 	writeBufSize         = 4 << 20
 	directAlign          = 4096 // O_DIRECT offsets and lengths: a multiple of every logical block size in use
+	directWriters        = 2    // O_DIRECT writes in flight
 	eraseCheckBytes      = 1 << 20
 )
 
@@ -830,7 +831,7 @@ func (a *Agent) writeImage(ctx context.Context, img *agentapi.ImageRef, heartbea
 		off  int64
 		refs atomic.Int32
 	}
-	const nbuf = 4
+	const nbuf = 6
 	free := make(chan []byte, nbuf)
 	for i := 0; i < nbuf; i++ {
 		free <- alignedBuf(writeBufSize) // O_DIRECT wants aligned memory
@@ -867,20 +868,36 @@ func (a *Agent) writeImage(ctx context.Context, img *agentapi.ImageRef, heartbea
 		}
 	}
 	writeCh, hashCh := make(chan *chunk, nbuf), make(chan *chunk, nbuf)
+	// With O_DIRECT each pwrite waits for the device: writers keep that many writes in
+	// flight (a buffered write only copies, so one writer suffices).
+	writers := 1
+	if direct != nil {
+		writers = directWriters
+	}
+	var werrMu sync.Mutex
 	var werr error
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		for c := range writeCh {
-			if werr == nil {
-				if err := writeAt(c.buf, base+c.off); err != nil {
-					werr = fmt.Errorf("write %s at %d: %w", dev.Path, c.off, err)
+	wg.Add(1 + writers)
+	for w := 0; w < writers; w++ {
+		go func() {
+			defer wg.Done()
+			for c := range writeCh {
+				werrMu.Lock()
+				failed := werr != nil
+				werrMu.Unlock()
+				if !failed {
+					if err := writeAt(c.buf, base+c.off); err != nil {
+						werrMu.Lock()
+						if werr == nil {
+							werr = fmt.Errorf("write %s at %d: %w", dev.Path, c.off, err)
+						}
+						werrMu.Unlock()
+					}
 				}
+				release(c)
 			}
-			release(c)
-		}
-	}()
+		}()
+	}
 	h := sha256.New()
 	go func() {
 		defer wg.Done()
