@@ -97,6 +97,11 @@ type driver interface {
 	setNextBootPXE(ctx context.Context, m BootMode) error
 	inventory(ctx context.Context) (Inventory, error)
 	health(ctx context.Context) (Health, error)
+	firmwareInventory(ctx context.Context) ([]FirmwareComponent, error)
+	startUpdate(ctx context.Context, u FirmwareUpdate) (TaskStatus, error)
+	taskStatus(ctx context.Context, prev TaskStatus) (TaskStatus, error)
+	bios(ctx context.Context) (BIOS, error)
+	setBIOS(ctx context.Context, attrs map[string]any) (BIOS, error)
 	close()
 }
 

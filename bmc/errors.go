@@ -36,6 +36,12 @@ var (
 	ErrCanceled = errors.New("bmc: canceled")
 	// ErrSealed: sealed credentials could not be opened (wrong key or corrupt data).
 	ErrSealed = errors.New("bmc: cannot open sealed data")
+	// ErrTaskFailed: a BMC task (a firmware update) ended in a state other than
+	// Completed (reason "task_failed").
+	ErrTaskFailed = errors.New("bmc: task failed")
+	// ErrNotApplied: staged firmware or BIOS settings do not read back as asked
+	// (before the reset: not staged; after it: not applied) (reason "not_applied").
+	ErrNotApplied = errors.New("bmc: change not applied")
 )
 
 var reasons = map[error]string{
@@ -50,11 +56,14 @@ var reasons = map[error]string{
 	ErrInvalidTarget:  "invalid",
 	ErrCanceled:       "canceled",
 	ErrSealed:         "sealed",
+	ErrTaskFailed:     "task_failed",
+	ErrNotApplied:     "not_applied",
 }
 
 // Reason returns the stable machine-readable reason for err: "" for nil, one of
 // "timeout", "auth", "boot_not_applied", "unsupported", "bad_answer", "unreachable",
-// "tls", "rejected", "invalid", "canceled", "sealed", or "error" for anything else.
+// "tls", "rejected", "invalid", "canceled", "sealed", "task_failed", "not_applied", or
+// "error" for anything else.
 func Reason(err error) string {
 	if err == nil {
 		return ""
@@ -71,7 +80,7 @@ func Reason(err error) string {
 // target's password; the original driver error is deliberately not kept, because
 // third-party error texts are not guaranteed free of credentials.
 type OpError struct {
-	Op      string // "power_state", "power", "boot", "inventory", "health"
+	Op      string // "power_state", "power", "boot", "inventory", "health", "firmware_inventory", "firmware_update", "firmware_task", "bios", "bios_set", "bios_apply"
 	Driver  string // "redfish" or "ipmi"
 	Address string // BMC address as given in Target.Address
 	Err     error  // one of the package's sentinel errors

@@ -40,7 +40,7 @@ var (
 	bImageTombstones = []byte("image_tombstones")
 
 	allBuckets = [][]byte{bSites, bRacks, bMachines, bBMCs, bSecrets, bImages, bJobs,
-		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones}
+		bLeases, bEvents, bNodes, bIdxJob, bMeta, bJoinTokens, bMembers, bLeaseAddrs, bNodeVersions, bRemediation, bImageTombstones, bBaselines}
 	// Buckets of older fsm.db files (and snapshots) now kept in memory
 	// (machineIndex); dropped when such a file is restored.
 	legacyBuckets = [][]byte{[]byte("idx_mac"), []byte("idx_state")}
@@ -171,11 +171,16 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.BMC)(putSimple(a, bBMCs, "bmc", c.BMC))
 	case CmdPutSecret:
 		err = putSecret(a, c.Key, c.Sealed)
-	case CmdPutImage:
+	case CmdPutImage, CmdPutImageV2:
 		if c.Image == nil {
-			return nil, nil, 0, fmt.Errorf("%w: put_image without image", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: %s without image", ErrBadCommand, c.Type)
 		}
-		one(c.Image)(putSimple(a, bImages, "image", c.Image))
+		if c.Type == CmdPutImage {
+			err = keepManifest(a, c.Image)
+		}
+		if err == nil {
+			one(c.Image)(putSimple(a, bImages, "image", c.Image))
+		}
 	case CmdDeleteImage:
 		err = deleteSimple(a, bImages, "image", c.ID)
 	case CmdDeleteImageV2:
@@ -244,6 +249,11 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.Brake)(putBrake(a, c.Brake))
 	case CmdRenewMember:
 		err = applyRenewMember(a, c.Member)
+	case CmdPutBaseline:
+		if c.Baseline == nil {
+			return nil, nil, 0, fmt.Errorf("%w: put_baseline without baseline", ErrBadCommand)
+		}
+		one(c.Baseline)(putBaseline(a, c.Baseline))
 	default:
 		return nil, nil, 0, fmt.Errorf("%w: %d", ErrUnknownCommand, uint8(c.Type))
 	}

@@ -46,6 +46,10 @@ const (
 	CmdBindLeasesV2                      // 29: Leases; as 18, and a release ends only the binding whose Expiry it names, and a binding never shortens the same client's binding
 	CmdPutMachinesV4                     // 30: Machines; as 25, under transitionsV4 and keeping the round-3 fields (build, attestation, burn-in, firmware) as written
 	CmdAgentReportV2                     // 31: Events + Machines (exactly 1, CAS); as 17, under put_machines_v4's rules
+	CmdPutImageV2                        // 32: Image; as 7, keeping the release manifest (Layers, KubeadmVersion) as written (issue 15)
+	cmdReserved33                        // 33: put_attest_state (issue 16, r16attest; reserved in /work/notes/contracts.md)
+	cmdReserved34                        // 34: reserved (issue 16)
+	CmdPutBaseline                       // 35: Baseline: the firmware/BIOS baseline of one hardware model (compare-and-set; store/baseline.go)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -60,7 +64,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
 	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2",
-	"put_machines_v4", "agent_report_v2"}
+	"put_machines_v4", "agent_report_v2", "put_image_v2", "reserved_33", "reserved_34", "put_baseline"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {
@@ -122,6 +126,9 @@ type command struct {
 
 	// Brake is CmdPutRemediation's record.
 	Brake *RepairBrake `json:"brake,omitempty"`
+
+	// Baseline is CmdPutBaseline's record (issue 17).
+	Baseline *Baseline `json:"baseline,omitempty"`
 }
 
 // encodeCommand returns the log-entry bytes: 1 byte CommandType, then the

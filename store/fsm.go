@@ -556,7 +556,9 @@ func (f *fsm) unknownType(t CommandType) bool {
 	if m := f.knownMax.Load(); m != 0 && uint32(t) > m {
 		return true
 	}
-	return t == CmdInvalid || t >= cmdEnd
+	// 33 and 34 are numbers reserved for issue 16's commands (command.go):
+	// this binary cannot apply them, so an entry of one halts here too.
+	return t == CmdInvalid || t >= cmdEnd || (t >= cmdReserved33 && t <= cmdReserved34)
 }
 
 // haltAt stops the FSM at entry l (its first unknown entry), logs it at

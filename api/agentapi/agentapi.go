@@ -71,18 +71,22 @@ const (
 	ReasonEraseFailed      Reason = "erase_failed"
 	ReasonTimeout          Reason = "timeout"
 	ReasonInternal         Reason = "internal_error"
-	// Issue 15: build before boot.
-	ReasonVersionMismatch     Reason = "version_mismatch"      // check: kubernetesVersion ≠ the image's kubeadm version
+
+	// Issue 15 (release.go):
+	ReasonVersionMismatch     Reason = "version_mismatch"      // check: the claim's kubernetesVersion is not the release's kubeadm version
 	ReasonVerityMismatch      Reason = "verity_mismatch"       // verify: veritysetup verify of the base root failed
-	ReasonFirstBootReported   Reason = "first_boot_reported"   // provisioned from the first-boot report
-	ReasonFirstBootUnreported Reason = "first_boot_unreported" // no first-boot report within lifecycle.first_boot_timeout
+	ReasonFirstBootNodeLayer  Reason = "first_boot_node_layer" // first boot: the per-node layer is missing or unreadable
+	ReasonFirstBootJoin       Reason = "first_boot_join"       // first boot: joining (or making) the cluster failed
+	ReasonFirstBootMismatch   Reason = "first_boot_mismatch"   // Kiln: the report's hostname or SSH host key is not the build's
+	ReasonFirstBootUnreported Reason = "first_boot_unreported" // Kiln: no first-boot report within lifecycle.first_boot_timeout
 )
 
 // Reasons lists every non-empty Reason.
 var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
 	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
-	ReasonVersionMismatch, ReasonVerityMismatch, ReasonFirstBootReported, ReasonFirstBootUnreported}
+	ReasonVersionMismatch, ReasonVerityMismatch, ReasonFirstBootNodeLayer, ReasonFirstBootJoin,
+	ReasonFirstBootMismatch, ReasonFirstBootUnreported}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
 const MaxMessageLen = 512
@@ -109,18 +113,19 @@ type NIC struct {
 
 // Inventory is the hardware the agent found.
 type Inventory struct {
-	Vendor      string      `json:"vendor,omitempty"`
-	Product     string      `json:"product,omitempty"`
-	Serial      string      `json:"serial,omitempty"`
-	UUID        string      `json:"uuid,omitempty"`
-	CPUs        int         `json:"cpus"`
-	MemoryBytes uint64      `json:"memory_bytes"`
-	Disks       []Disk      `json:"disks"`
-	NICs        []NIC       `json:"nics"`
-	BMCAddress  string      `json:"bmc_address,omitempty"`
-	PCI         []PCIDevice `json:"pci,omitempty"`       // issue 15 (release.go)
-	CPUFlags    []string    `json:"cpu_flags,omitempty"` // issue 15: /proc/cpuinfo "flags"
-	TPM         *TPMInfo    `json:"tpm,omitempty"`       // issue 15: nil = no TPM in /sys/class/tpm
+	Vendor      string `json:"vendor,omitempty"`
+	Product     string `json:"product,omitempty"`
+	Serial      string `json:"serial,omitempty"`
+	UUID        string `json:"uuid,omitempty"`
+	CPUs        int    `json:"cpus"`
+	MemoryBytes uint64 `json:"memory_bytes"`
+	Disks       []Disk `json:"disks"`
+	NICs        []NIC  `json:"nics"`
+	BMCAddress  string `json:"bmc_address,omitempty"`
+
+	PCI      []PCIDevice `json:"pci,omitempty"`       // issue 15 (release.go): /sys/bus/pci/devices
+	CPUFlags []string    `json:"cpu_flags,omitempty"` // issue 15: /proc/cpuinfo "flags"
+	TPM      *TPMInfo    `json:"tpm,omitempty"`       // issue 15: /sys/class/tpm
 }
 
 // Registration is the agent's first message.
@@ -200,10 +205,11 @@ type Task struct {
 	// appliance or one that does not send them.
 	Endpoints []string `json:"endpoints,omitempty"`
 	// ErasePolicy tunes an erase task; nil = the defaults documented on ErasePolicy.
-	ErasePolicy *ErasePolicy  `json:"erase_policy,omitempty"`
-	Layers      []Layer       `json:"layers,omitempty"`     // issue 15: chosen layers, base first (release.go)
-	NodeLayer   *NodeLayer    `json:"node_layer,omitempty"` // issue 15: non-secret per-node files
-	Cluster     *ClusterCheck `json:"cluster,omitempty"`    // issue 15: version check in check
+	ErasePolicy *ErasePolicy `json:"erase_policy,omitempty"`
+
+	Layers    []Layer       `json:"layers,omitempty"`     // issue 15: the release's chosen layers, base first (release.go); empty = the Image + Stage path
+	NodeLayer *NodeLayer    `json:"node_layer,omitempty"` // issue 15: the per-node layer's non-secret files
+	Cluster   *ClusterCheck `json:"cluster,omitempty"`    // issue 15: the check step's version comparison
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
@@ -306,6 +312,7 @@ type Report struct {
 	// Erase holds, on the erase step's succeeded or failed report, one certificate per
 	// disk of the machine (skipped ones included); the appliance records each as an
 	// "erase_certificate" event.
-	Erase []DiskErase  `json:"erase,omitempty"`
-	Build *BuildReport `json:"build,omitempty"` // issue 15: finalize of a layered build (release.go)
+	Erase []DiskErase `json:"erase,omitempty"`
+
+	Build *BuildReport `json:"build,omitempty"` // issue 15: on finalize, what a release build wrote (release.go)
 }

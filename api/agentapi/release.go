@@ -1,99 +1,75 @@
 package agentapi
 
-// Issue 15 (build before boot): the release manifest's layers as a task carries them,
-// the per-node layer, the cluster version check, the gated credentials, the build
-// report and the first-boot report, and the inventory fields the layer choice needs.
+// Issue 15 (build before boot): the wire types of releases, the per-node
+// layer, the cluster check, the gated credentials and the first-boot
+// report. Task, Report and Inventory carry them in their last fields
+// (agentapi.go).
 //
-//	GET  {url}/v1/agent/credentials  → Credentials  (stage step; answered only after the
-//	                                                  attestation gate, lifecycle.CredentialGate)
-//	POST {url}/v1/agent/firstboot    FirstBootReport (bearer = the first-boot token, from
-//	                                                  /etc/kiln/firstboot.json on kiln-node)
+//	GET  {url}/v1/agent/credentials   (stage; per-boot token)      → Credentials
+//	POST {url}/v1/agent/firstboot     FirstBootReport (bearer = the
+//	                                  first-boot token of firstboot.json) → 204
+//
+// The first-boot token is not the per-boot token: the installed OS reads it
+// from /etc/kiln/firstboot.json on its kiln-node partition; every node of
+// the site accepts it (only its SHA-256 is stored, in Machine.Build).
 
-// PCIDevice is one function of /sys/bus/pci/devices: Address "0000:01:00.0", the
-// vendor and device IDs, and Class, the 24-bit class code (base class, subclass,
-// programming interface; e.g. 0x030000 VGA controller, 0x030200 3D controller).
-type PCIDevice struct {
-	Address  string `json:"address"`
-	VendorID uint16 `json:"vendor_id"`
-	DeviceID uint16 `json:"device_id"`
-	Class    uint32 `json:"class"`
-}
-
-// TPMInfo is the TPM the agent found under /sys/class/tpm: Version "2.0" or "1.2",
-// Manufacturer the TPM_PT_MANUFACTURER vendor string (e.g. "IBM", "INTC") when known.
-type TPMInfo struct {
-	Version      string `json:"version"`
-	Manufacturer string `json:"manufacturer,omitempty"`
-}
-
-// Layer selection rules (Layer.When).
-const (
-	WhenAlways = "always"
-	// "role:NAME" (the claim's cluster role), "pci:VVVV/CC" (a PCI function of vendor
-	// VVVV whose base class is CC, hex), "cpu:FLAG|FLAG" (any of the CPU flags).
-)
-
-// LayerPartPrefix prefixes the GPT partition name of every non-base layer.
-const LayerPartPrefix = "kiln-layer-"
-
-// Partition names of the built disk.
-const (
-	PartRoot       = "kiln-root"        // the base image's read-only root (dm-verity data)
-	PartRootVerity = "kiln-root-verity" // its hash tree, when not appended to kiln-root
-	PartNode       = "kiln-node"        // the per-node ext4 file system (label kiln-node)
-)
-
-// Layer is one layer of a release. The base layer (Layers[0] of a task) is a whole GPT
-// disk image written at offset 0; every other layer is a raw blob (a file-system image)
-// written into its own appended GPT partition PartName ("kiln-layer-<name>"). SHA256 is
-// the hex digest of the Size raw bytes; Format as ImageRef.Format. When is the rule that
-// selects it; Reason, in a task, says why the appliance chose it for this machine.
-// VerityRootHash (base only) is the dm-verity root hash of the kiln-root partition;
-// VerityHashOffset is veritysetup's --hash-offset in bytes on the hash device
-// (kiln-root-verity when the image has it, else kiln-root itself).
+// Layer is one layer the agent writes (Task.Layers, base first). The base
+// layer (PartName "") is a whole GPT disk image written from the start of
+// the disk; every other layer is a raw blob written into its own appended
+// GPT partition named PartName ("kiln-layer-<name>"). SHA256 (hex) and
+// Size (bytes) are the layer's raw content; URL is served by the appliance;
+// Format is raw|gzip|zstd (only the base may be compressed). When is the
+// manifest's selection rule and Reason why this machine got the layer.
+// VerityRootHash (hex) and VerityHashOffset (bytes) locate the dm-verity
+// tree the verify step checks with veritysetup.
 type Layer struct {
 	Name             string `json:"name"`
 	URL              string `json:"url"`
 	SHA256           string `json:"sha256"`
 	Size             uint64 `json:"size_bytes"`
 	Format           string `json:"format,omitempty"`
-	When             string `json:"when,omitempty"`
+	When             string `json:"when"`
+	Reason           string `json:"reason"`
 	PartName         string `json:"part_name,omitempty"`
 	VerityRootHash   string `json:"verity_root_hash,omitempty"`
 	VerityHashOffset uint64 `json:"verity_hash_offset,omitempty"`
-	Reason           string `json:"reason,omitempty"`
 }
 
-// NodeFile is one file of the per-node layer: an absolute Path inside the kiln-node file
-// system, its permission bits (0644 when 0; private keys 0600), its contents.
+// NodeFile is one file of the per-node layer (the kiln-node ext4
+// partition): absolute Path, Mode (permission bits, e.g. 0644; private
+// keys 0600), Data (JSON: base64).
 type NodeFile struct {
 	Path string `json:"path"`
-	Mode uint32 `json:"mode,omitempty"`
+	Mode uint32 `json:"mode"`
 	Data []byte `json:"data"`
 }
 
-// NodeLayer holds the non-secret per-node files (hostname, machine id, node.json). The
-// agent adds the SSH host key it generates and the Credentials files.
+// NodeLayer is the non-secret part of the per-node layer (Task.NodeLayer):
+// /etc/hostname, /etc/kiln/machine-id, /etc/kiln/node.json. The agent adds
+// the SSH host key it generates and the secret files of Credentials.
 type NodeLayer struct {
 	Files []NodeFile `json:"files"`
 }
 
-// ClusterCheck is checked in the check step before anything is written: the claim's
-// pinned KubernetesVersion must equal the kubeadm version the image's manifest declares
-// (ReasonVersionMismatch).
+// ClusterCheck is what the check step compares before anything is written
+// (Task.Cluster): the claim's pinned KubernetesVersion and the release's
+// ImageKubeadmVersion. Unequal → the step fails with ReasonVersionMismatch.
 type ClusterCheck struct {
 	KubernetesVersion   string `json:"kubernetes_version"`
 	ImageKubeadmVersion string `json:"image_kubeadm_version"`
 }
 
-// Credentials answers GET /v1/agent/credentials: the secret files of the per-node layer
-// (join configuration with the cluster token, keys, the first-boot token file).
+// Credentials is GET /v1/agent/credentials: the secret files of the
+// per-node layer (the first-boot token file, the kubeadm join or init
+// configuration with the cluster token, the cluster CA), each 0600 unless
+// public. Answered only while the machine's build is in a step and the
+// credential gate passes (403 otherwise).
 type Credentials struct {
 	Files []NodeFile `json:"files"`
 }
 
-// LayerWritten is one layer as the verify step read it back: SHA256 of the Size bytes at
-// Start (bytes from the disk's start).
+// LayerWritten is one layer as the agent read it back after writing:
+// SHA256 (hex), Start and Size in bytes on the disk.
 type LayerWritten struct {
 	Name   string `json:"name"`
 	SHA256 string `json:"sha256"`
@@ -101,8 +77,9 @@ type LayerWritten struct {
 	Size   uint64 `json:"size_bytes"`
 }
 
-// BuildReport is the finalize report of a layered build: every layer written, the
-// SHA-256 of the whole kiln-node partition as written, and the SSH host key fingerprint
+// BuildReport is what the finalize report carries about the written disk
+// (Report.Build): every layer as read back, the SHA-256 of the whole
+// kiln-node partition as written, and the SSH host key fingerprint
 // ("SHA256:…", as ssh-keygen -l prints it).
 type BuildReport struct {
 	Layers                []LayerWritten `json:"layers"`
@@ -112,16 +89,22 @@ type BuildReport struct {
 
 // First-boot phases and outcomes (FirstBootReport).
 const (
-	PhaseNodeLayer   = "node_layer"
-	PhaseJoin        = "join"
+	PhaseNodeLayer   = "node_layer" // the OS read its per-node layer
+	PhaseJoin        = "join"       // the node joined (or made) its cluster
 	OutcomeSucceeded = "succeeded"
 	OutcomeFailed    = "failed"
 )
 
-// MaxFirstBootMessageLen bounds FirstBootReport.Message (bytes).
+// MaxFirstBootMessageLen bounds FirstBootReport.Message (bytes); longer is truncated by the receiver.
 const MaxFirstBootMessageLen = 256
 
-// FirstBootReport is what the installed OS posts once at first boot.
+// FirstBootReport is the installed OS's one report (POST
+// /v1/agent/firstboot): Phase and Outcome (the constants above), Reason
+// (one of Reasons, empty on success), Message (sanitised and truncated to
+// MaxFirstBootMessageLen by the receiver), and what the OS read from its
+// per-node layer: Hostname, the SSH host key fingerprint of
+// /etc/ssh/ssh_host_ed25519_key.pub, the kiln-node partition's SHA-256
+// when it computed it, and BootID (/proc/sys/kernel/random/boot_id).
 type FirstBootReport struct {
 	MachineID             string `json:"machine_id"`
 	Phase                 string `json:"phase"`
@@ -130,6 +113,57 @@ type FirstBootReport struct {
 	Message               string `json:"message,omitempty"`
 	Hostname              string `json:"hostname"`
 	SSHHostKeyFingerprint string `json:"ssh_host_key_fingerprint"`
-	NodeLayerSHA256       string `json:"node_layer_sha256"`
-	BootID                string `json:"boot_id"`
+	NodeLayerSHA256       string `json:"node_layer_sha256,omitempty"`
+	BootID                string `json:"boot_id,omitempty"`
 }
+
+// FirstBootFile is the per-node layer's first-boot file
+// (/etc/kiln/firstboot.json, 0600): where to report (URLs: the agent API
+// base URLs of the site's nodes), the machine and the first-boot token.
+type FirstBootFile struct {
+	URLs      []string `json:"urls"`
+	MachineID string   `json:"machine_id"`
+	Token     string   `json:"token"`
+}
+
+// Paths of the per-node layer that the appliance and the OS agree on.
+const (
+	PathHostname   = "/etc/hostname"
+	PathMachineID  = "/etc/kiln/machine-id"
+	PathNodeJSON   = "/etc/kiln/node.json"
+	PathFirstBoot  = "/etc/kiln/firstboot.json"
+	PathSSHHostKey = "/etc/ssh/ssh_host_ed25519_key"
+	PathKubeadm    = "/etc/kubernetes/kubeadm.yaml"
+	PathClusterCA  = "/etc/kubernetes/pki/ca.crt"
+)
+
+// PCIDevice is one PCI function (Inventory.PCI, from /sys/bus/pci/devices):
+// Address "0000:01:00.0", VendorID, DeviceID, Class the 24-bit class code
+// (0x030000: VGA display controller).
+type PCIDevice struct {
+	Address  string `json:"address"`
+	VendorID uint16 `json:"vendor_id"`
+	DeviceID uint16 `json:"device_id"`
+	Class    uint32 `json:"class"`
+}
+
+// TPMInfo is the TPM found (Inventory.TPM, from /sys/class/tpm): Version
+// "2.0" or "1.2", Manufacturer.
+type TPMInfo struct {
+	Version      string `json:"version"`
+	Manufacturer string `json:"manufacturer,omitempty"`
+}
+
+// Layer selection rule that always applies (Layer.When); the others are "role:NAME",
+// "pci:VVVV/CC" and "cpu:FLAG|FLAG" (appliance/lifecycle layers.go).
+const WhenAlways = "always"
+
+// LayerPartPrefix prefixes the GPT partition name of every non-base layer.
+const LayerPartPrefix = "kiln-layer-"
+
+// Partition names of a built disk (the agent, cmd/kiln-agent/DESIGN.md "Layered build").
+const (
+	PartRoot       = "kiln-root"        // the base image's read-only root (the dm-verity data)
+	PartRootVerity = "kiln-root-verity" // its hash tree, when not appended to kiln-root
+	PartNode       = "kiln-node"        // the per-node ext4 file system (label kiln-node)
+)

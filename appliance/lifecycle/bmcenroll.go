@@ -74,6 +74,7 @@ func (c *Controller) EnrollBMC(ctx context.Context, machineID string, b store.BM
 		}
 	}
 	c.readInventory(ctx, machineID, w)
+	c.readFirmwareQuiet(ctx, machineID)
 	return out, nil
 }
 

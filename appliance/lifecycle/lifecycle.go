@@ -36,6 +36,7 @@ type Store interface {
 	GetBMC(id string) (store.BMC, error)
 	PutBMC(ctx context.Context, b store.BMC, w store.W) (store.BMC, error)
 	PutSecret(ctx context.Context, key string, sealed []byte, w store.W) error
+	Secret(key string) ([]byte, error) // issue 15: sealed cluster and first-boot tokens
 	GetImage(id string) (store.Image, error)
 	ListImages() ([]store.Image, error)
 	PutImage(ctx context.Context, im store.Image, w store.W) (store.Image, error)
@@ -46,6 +47,10 @@ type Store interface {
 	// GetRepairBrake and PutRepairBrake are the remediation brake record
 	// (store command 26 put_remediation; brake.go).
 	GetRepairBrake() (store.RepairBrake, error)
+	// Baselines per hardware model (issue 17, command 35).
+	BaselineFor(vendor, model string) (store.Baseline, error)
+	PutBaseline(ctx context.Context, b store.Baseline, w store.W) (store.Baseline, error)
+	ListBaselines() ([]store.Baseline, error)
 	PutRepairBrake(ctx context.Context, b store.RepairBrake, w store.W) (store.RepairBrake, error)
 }
 

@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"kiln/deploy/lab/vbmc/vbmc"
 )
@@ -35,7 +36,7 @@ func main() {
 
 func run() error {
 	var cfg vbmc.Config
-	var quirks, macs multi
+	var quirks, macs, firmware multi
 	var pwFile, argsFile string
 	flag.StringVar(&cfg.Listen, "listen", "127.0.0.1:8443", "HTTPS listen address")
 	flag.StringVar(&cfg.Username, "user", "admin", "Redfish user name")
@@ -50,8 +51,20 @@ func run() error {
 	flag.StringVar(&cfg.UUID, "uuid", "", "system UUID")
 	flag.StringVar(&cfg.InitialMode, "mode", "Legacy", "initial BootSourceOverrideMode (Legacy|UEFI)")
 	flag.Var(&macs, "mac", "NIC MAC address (repeatable)")
-	flag.Var(&quirks, "quirk", "ignore-override|reject-mode|half-apply-400|error-off-when-off|slow=DURATION (repeatable)")
+	flag.Var(&quirks, "quirk", "ignore-override|reject-mode|half-apply-400|error-off-when-off|bios-config-job|slow=DURATION (repeatable)")
+	flag.Var(&firmware, "firmware", "initial firmware version COMPONENT=VERSION, component BIOS|BMC|NIC1|Disk1 (repeatable)")
+	flag.DurationVar(&cfg.FirmwareUpdateDuration, "firmware-update-duration", 2*time.Second, "how long a firmware update task runs")
 	flag.Parse()
+	for _, f := range firmware {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return fmt.Errorf("--firmware %q: want COMPONENT=VERSION", f)
+		}
+		if cfg.Firmware == nil {
+			cfg.Firmware = map[string]string{}
+		}
+		cfg.Firmware[k] = v
+	}
 	for _, q := range quirks {
 		if err := vbmc.ParseQuirk(q, &cfg.Quirks); err != nil {
 			return err

@@ -16,6 +16,14 @@
 // (SystemConfig.Addr) is all a connection made to that address sees, so each system is a
 // BMC of its own to a client that addresses BMCs by host:port, as Kiln does.
 //
+// Firmware and BIOS (firmware.go): UpdateService with FirmwareInventory (BIOS, BMC,
+// NIC1, Disk1 SoftwareInventory), SimpleUpdate (the vbmc fetches ImageURI over HTTP)
+// and a multipart push, each a TaskService task with a task monitor; the image's
+// header ([FirmwareImage]) names the component and version, applied when the task
+// completes (BIOS: staged, activated by the next start or reset, and given to qemu as
+// SMBIOS type 0). Systems/{id}/Bios with @Redfish.Settings → Bios/Settings: staged
+// attributes apply at the next start or reset.
+//
 // [Quirks] replay recorded vendor behaviours (override ignored, Mode rejected, half
 // applied then 400, error on off-when-off, slow answers) so clients can be tested
 // against them. It is test/lab code, not part of the appliance.

@@ -99,3 +99,53 @@ func FuzzParseHealthUpdate(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseBIOSPatch: an accepted Bios/Settings PATCH names only registry
+// attributes with values in their enumeration or integer range; a
+// firmware image header is accepted only for a known component and a
+// well-formed version, and FirmwareImage of that header parses back to it.
+func FuzzParseBIOSPatch(f *testing.F) {
+	for _, s := range []string{`{"Attributes":{"ProcVirtualization":"Disabled","PowerOnDelaySeconds":30}}`,
+		`{"Attributes":{"PowerOnDelaySeconds":"5"}}`, `{"Attributes":{}}`, `{"Attributes":{"X":1}}`,
+		`{"Attributes":{"MemTest":"Enabled"},"@Redfish.SettingsApplyTime":{"ApplyTime":"OnReset"}}`, "KILNFW1\n{\"component\":\"BIOS\",\"version\":\"2.1.0\"}\nxx", `[`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if attrs, _, err := ParseBIOSPatch(b); err == nil {
+			if len(attrs) == 0 {
+				t.Fatalf("accepted %q with no attributes", b)
+			}
+			for k, v := range attrs {
+				a := registryAttr(k)
+				if a == nil {
+					t.Fatalf("accepted unknown attribute %q", k)
+				}
+				switch x := v.(type) {
+				case string:
+					ok := false
+					for _, e := range a.Values {
+						ok = ok || e == x
+					}
+					if !ok {
+						t.Fatalf("accepted %s=%q", k, x)
+					}
+				case int:
+					if a.Values != nil || x < a.Min || x > a.Max {
+						t.Fatalf("accepted %s=%d", k, x)
+					}
+				default:
+					t.Fatalf("accepted %s of type %T", k, v)
+				}
+			}
+		}
+		if h, err := ParseFirmwareImage(b); err == nil {
+			if DefaultFirmware[h.Component] == "" || !versionRe.MatchString(h.Version) {
+				t.Fatalf("accepted header %+v", h)
+			}
+			h2, err := ParseFirmwareImage(FirmwareImage(h.Component, h.Version, b))
+			if err != nil || h2 != h {
+				t.Fatalf("header %+v rebuilt reads %+v, %v", h, h2, err)
+			}
+		}
+	})
+}

@@ -48,6 +48,9 @@ type Quirks struct {
 	HalfApply400    bool          // "half-apply-400": PATCH with ≥2 Boot properties applies all but the last (order Target, Enabled, Mode), answers 400
 	ErrorOffWhenOff bool          // "error-off-when-off": ForceOff/GracefulShutdown when off answers 409
 	Slow            time.Duration // "slow=DURATION": every answer is delayed
+	// "bios-config-job" (Dell iDRAC): staged BIOS settings apply at a reset only when a
+	// configuration job covers them (firmware.go, patchBIOS)
+	BIOSConfigJob bool
 }
 
 // ParseQuirk adds one quirk given as on the command line to q.
@@ -61,6 +64,8 @@ func ParseQuirk(s string, q *Quirks) error {
 		q.HalfApply400 = true
 	case s == "error-off-when-off":
 		q.ErrorOffWhenOff = true
+	case s == "bios-config-job":
+		q.BIOSConfigJob = true
 	case strings.HasPrefix(s, "slow="):
 		d, err := time.ParseDuration(strings.TrimPrefix(s, "slow="))
 		if err != nil || d < 0 {
@@ -105,6 +110,12 @@ type Config struct {
 	// NoRequestLog), from the request's goroutine: a fleet counts BMC actions with it.
 	// It must not block.
 	OnRequest func(Request)
+	// Firmware is the qemu-backed system's initial firmware versions by component
+	// (BIOS, BMC, NIC1, Disk1; DefaultFirmware for the others).
+	Firmware map[string]string
+	// FirmwareUpdateDuration is how long an update task runs after the image is
+	// verified (default 2s).
+	FirmwareUpdateDuration time.Duration
 }
 
 // Boot is one power-on of a system.
@@ -156,6 +167,8 @@ type SystemConfig struct {
 	MACs                              []string
 	// InitialMode is the starting BootSourceOverrideMode ("Legacy" default, or "UEFI").
 	InitialMode string
+	// Firmware is the initial firmware versions by component (DefaultFirmware otherwise).
+	Firmware map[string]string
 	// Power is the machine (required).
 	Power Power
 }
@@ -176,6 +189,8 @@ type system struct {
 	health, chassisHealth string     // Status.Health of the system and its chassis (SetHealth)
 	logs                  []LogEntry // SEL LogService, oldest first
 	nextLog               int
+
+	fw firmwareState // firmware versions and BIOS attributes (firmware.go)
 }
 
 // Server is the virtual BMC. Create with New, serve with Run.
@@ -194,6 +209,10 @@ type Server struct {
 	sessions map[string]string // token -> id
 	nextSess int
 	log      *slog.Logger
+
+	tasks    map[string]*task // TaskService (firmware.go), guarded by mu
+	nextTask int
+	runCtx   context.Context // Run's context: update tasks stop with the server
 }
 
 var systemIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -209,8 +228,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.GracefulTimeout == 0 {
 		cfg.GracefulTimeout = 5 * time.Second
 	}
+	if cfg.FirmwareUpdateDuration == 0 {
+		cfg.FirmwareUpdateDuration = 2 * time.Second
+	}
 	s := &Server{cfg: cfg, sessions: map[string]string{}, byID: map[string]*system{}, byAddr: map[netip.Addr]*system{},
-		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), runCtx: context.Background()}
 	systems := cfg.Systems
 	if len(systems) == 0 {
 		if cfg.UUID == "" {
@@ -220,7 +242,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 		systems = []SystemConfig{{ID: "1", Serial: cfg.Serial, Manufacturer: cfg.Manufacturer, Model: cfg.Model,
-			UUID: cfg.UUID, MACs: cfg.MACs, InitialMode: cfg.InitialMode}}
+			UUID: cfg.UUID, MACs: cfg.MACs, InitialMode: cfg.InitialMode, Firmware: cfg.Firmware}}
 	}
 	for i, sc := range systems {
 		if sc.InitialMode == "" {
@@ -239,7 +261,13 @@ func New(cfg Config) (*Server, error) {
 		if sc.UUID == "" {
 			sc.UUID = fmt.Sprintf("5e1f0000-0000-4000-8000-%012d", i+1)
 		}
-		sys := &system{cfg: sc, boot: bootState{"None", "Disabled", sc.InitialMode}, health: "OK", chassisHealth: "OK"}
+		for comp, v := range sc.Firmware {
+			if _, ok := DefaultFirmware[comp]; !ok || !versionRe.MatchString(v) {
+				return nil, fmt.Errorf("%w: system %q: firmware %s=%q", ErrConfig, sc.ID, comp, v)
+			}
+		}
+		sys := &system{cfg: sc, boot: bootState{"None", "Disabled", sc.InitialMode}, health: "OK", chassisHealth: "OK",
+			fw: newFirmwareState(sc.Firmware)}
 		if sc.Addr.IsValid() {
 			if s.byAddr[sc.Addr] != nil {
 				return nil, fmt.Errorf("%w: address %s for two systems", ErrConfig, sc.Addr)
@@ -352,6 +380,7 @@ func (s *Server) Run(ctx context.Context, log *slog.Logger) error {
 	if log != nil {
 		s.log = log.With("component", "vbmc")
 	}
+	s.runCtx = ctx
 	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{s.cert}, MinVersion: tls.VersionTLS12},
 		ErrorLog:  slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
@@ -401,6 +430,7 @@ func (s *Server) startLocked(sys *system) error {
 	if sys.runningLocked() {
 		return nil
 	}
+	s.onPowerOnLocked(sys)
 	if p := sys.cfg.Power; p != nil {
 		mode := sys.boot.Mode
 		override := sys.consumeOverrideLocked()
@@ -415,6 +445,7 @@ func (s *Server) startLocked(sys *system) error {
 	_ = os.Remove(sock)
 	serial := filepath.Join(s.cfg.StateDir, fmt.Sprintf("serial-%d.log", len(sys.boots)+1))
 	args = append(args, "-qmp", "unix:"+sock+",server=on,wait=off", "-serial", "file:"+serial)
+	args = append(args, smbiosArgs(sys)...)
 	mode := sys.boot.Mode
 	override := sys.consumeOverrideLocked()
 	switch override {
@@ -613,6 +644,7 @@ func (s *Server) handler() http.Handler {
 		return out
 	}
 	s.healthRoutes(mux)
+	s.firmwareRoutes(mux)
 	mux.HandleFunc("GET /redfish/v1/Managers", s.authed(s.json(func() any {
 		return collection("/redfish/v1/Managers", "#ManagerCollection.ManagerCollection", []string{"/redfish/v1/Managers/1"})
 	})))
@@ -651,7 +683,11 @@ func (s *Server) handler() http.Handler {
 				return
 			}
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		limit := int64(64 << 10)
+		if r.URL.Path == "/redfish/v1/UpdateService/upload" {
+			limit = maxFirmwareImage + 1<<20
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		keys := new([]string)
 		r = r.WithContext(context.WithValue(r.Context(), bootKeysCtx{}, keys))
 		mux.ServeHTTP(sw, r)
@@ -717,6 +753,7 @@ func (s *Server) serviceRoot(w http.ResponseWriter, r *http.Request) {
 		"Id": "RootService", "Name": "Kiln virtual BMC", "RedfishVersion": "1.11.0", "UUID": s.visible(r)[0].cfg.UUID,
 		"Systems": odata("/redfish/v1/Systems"), "Managers": odata("/redfish/v1/Managers"),
 		"Chassis": odata("/redfish/v1/Chassis"), "SessionService": odata("/redfish/v1/SessionService"),
+		"UpdateService": odata("/redfish/v1/UpdateService"), "TaskService": odata("/redfish/v1/TaskService"),
 		"Links": map[string]any{"Sessions": odata("/redfish/v1/SessionService/Sessions")}})
 }
 
@@ -779,14 +816,14 @@ var resetTypes = []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", 
 
 func (s *Server) system(sys *system) any {
 	sys.mu.Lock()
-	b, h := sys.boot, sys.health
+	b, h, biosVersion := sys.boot, sys.health, sys.fw.versions["BIOS"]
 	sys.mu.Unlock()
 	c := sys.cfg
 	p := systemPath(sys)
 	return map[string]any{"@odata.id": p, "@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
 		"Id": c.ID, "Name": "vbmc system " + c.ID, "SystemType": "Virtual", "Manufacturer": c.Manufacturer,
 		"Model": c.Model, "SerialNumber": c.Serial, "UUID": c.UUID, "PowerState": sys.powerState(),
-		"Status": status(h),
+		"Status": status(h), "BiosVersion": biosVersion, "Bios": odata(p + "/Bios"),
 		"Boot": map[string]any{"BootSourceOverrideTarget": b.Target, "BootSourceOverrideEnabled": b.Enabled,
 			"BootSourceOverrideMode":                           b.Mode,
 			"BootSourceOverrideTarget@Redfish.AllowableValues": []string{"None", "Pxe", "Hdd", "Cd", "BiosSetup"}},
@@ -956,7 +993,7 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request, sys *system) {
 			redfishError(w, 409, "Base.1.8.ActionNotSupported", "The system is powered off.")
 			return
 		}
-		if sys.overridePendingLocked() || simulated { // the override applies at the next start: restart
+		if sys.overridePendingLocked() || simulated || s.firmwarePendingLocked(sys) { // the override (or staged firmware) applies at the next start: restart
 			s.stopLocked(sys, false)
 			err = s.startLocked(sys)
 			break
