@@ -153,3 +153,17 @@ type TPMInfo struct {
 	Version      string `json:"version"`
 	Manufacturer string `json:"manufacturer,omitempty"`
 }
+
+// Layer selection rule that always applies (Layer.When); the others are "role:NAME",
+// "pci:VVVV/CC" and "cpu:FLAG|FLAG" (appliance/lifecycle layers.go).
+const WhenAlways = "always"
+
+// LayerPartPrefix prefixes the GPT partition name of every non-base layer.
+const LayerPartPrefix = "kiln-layer-"
+
+// Partition names of a built disk (the agent, cmd/kiln-agent/DESIGN.md "Layered build").
+const (
+	PartRoot       = "kiln-root"        // the base image's read-only root (the dm-verity data)
+	PartRootVerity = "kiln-root-verity" // its hash tree, when not appended to kiln-root
+	PartNode       = "kiln-node"        // the per-node ext4 file system (label kiln-node)
+)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/go-attestation/attest"
+	"golang.org/x/sys/unix"
 
 	"kiln/api/agentapi"
 	"kiln/cmd/kiln-agent/inventory"
@@ -39,6 +41,8 @@ const (
 	DefaultReportFor     = 10 * time.Minute // how long a step report is retried until acknowledged
 	DefaultResumeFor     = 5 * time.Minute  // how long a broken image stream keeps trying to resume
 	writeBufSize         = 4 << 20
+	directAlign          = 4096 // O_DIRECT offsets and lengths: a multiple of every logical block size in use
+	directWriters        = 2    // O_DIRECT writes in flight
 	eraseCheckBytes      = 1 << 20
 )
 
@@ -89,12 +93,22 @@ type Config struct {
 	StageSize int64
 	// ReadTestBytes is how much the check step reads for the speed test.
 	ReadTestBytes int64
+	// NodeSize is the kiln-node partition size in bytes of a layered build (DefaultNodeSize).
+	NodeSize int64
+	// LookPath finds the environment's tools (veritysetup, mkfs.ext4); nil = exec.LookPath.
+	LookPath func(string) (string, error)
+	// TempDir holds the per-node tree while stage builds it ("" = os.TempDir(), RAM in
+	// the environment).
+	TempDir string
 
 	// OpenTPM opens the TPM for the attest step (attest.go); nil = OpenTPM
 	// (the machine's own; tests pass a software TPM).
 	OpenTPM func() (*attest.TPM, error)
 
 	erase eraseHooks // tests: fault injection into the erase (erase.go)
+	// pageCacheIO (benchmarks): the I/O of the agent before issue 15 — image writes
+	// through the page cache, the read-back reading and hashing in turn — to compare with.
+	pageCacheIO bool
 }
 
 // Agent runs the protocol of agentapi against the appliance: the node of URL, or another
@@ -159,6 +173,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.ReadTestBytes <= 0 {
 		cfg.ReadTestBytes = DefaultReadTestBytes
+	}
+	if cfg.NodeSize <= 0 {
+		cfg.NodeSize = DefaultNodeSize
 	}
 	if cfg.ReportFor <= 0 {
 		cfg.ReportFor = DefaultReportFor
@@ -510,7 +527,12 @@ func (a *Agent) collect() agentapi.Inventory {
 		}
 		inv.BMCAddress = ip
 	}
-	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20, len(inv.Disks), len(inv.NICs))
+	tpm := "none"
+	if inv.TPM != nil {
+		tpm = inv.TPM.Version
+	}
+	a.say("machine %s: %d CPUs, %d MiB, %d disks, %d NICs, %d PCI functions, %d CPU flags, TPM %s", a.cfg.MachineID, inv.CPUs, inv.MemoryBytes>>20,
+		len(inv.Disks), len(inv.NICs), len(inv.PCI), len(inv.CPUFlags), tpm)
 	return inv
 }
 
@@ -604,9 +626,15 @@ func SelectDisk(disks []agentapi.Disk, rule agentapi.DiskRule) (agentapi.Disk, e
 	return *best, nil
 }
 
-// Provision runs check → attest (when task.Attest) → write → verify → stage → finalize for task and returns the
-// finalize record (also sent as Report.Written). Errors are *StepError.
+// Provision runs check → attest (when task.Attest) → write → verify → stage → finalize
+// for task and returns the finalize record (also sent as Report.Written). Errors are
+// *StepError. A task with Layers is a layered build (layers.go); without, one image plus
+// the cidata partition. A failure once the write has begun clears the partition table
+// before it is reported (ClearPartitionTable).
 func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]string, error) {
+	if len(task.Layers) > 0 {
+		return a.provisionLayers(ctx, task)
+	}
 	img := task.Image
 	if img == nil || img.URL == "" || len(img.SHA256) != 64 || img.Size == 0 {
 		err := fail(agentapi.StepCheck, agentapi.ReasonInternal, "%v: task needs image url, sha256 and size", ErrBadTask)
@@ -693,8 +721,8 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 	var streamSum string
 	var writeSecs float64
 	writeOnce := func() error {
-		return a.step(ctx, agentapi.StepWrite, func() (string, error) {
-			sum, secs, resumed, err := a.writeImage(ctx, task, dev)
+		return a.stepClearing(ctx, agentapi.StepWrite, dev, int64(img.Size), func() (string, error) {
+			sum, secs, resumed, err := a.writeImage(ctx, img, task.Heartbeat, dev, 0)
 			if err != nil {
 				return "", err
 			}
@@ -703,8 +731,8 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 		})
 	}
 	verifyOnce := func(attempt int) error {
-		return a.step(ctx, agentapi.StepVerify, func() (string, error) {
-			got, err := a.readBack(ctx, task, dev)
+		return a.stepClearing(ctx, agentapi.StepVerify, dev, int64(img.Size), func() (string, error) {
+			got, err := a.readBack(ctx, agentapi.StepVerify, task.Heartbeat, dev, 0, int64(img.Size), nil)
 			if err != nil {
 				return "", fail(agentapi.StepVerify, agentapi.ReasonWriteFailed, "read back: %v", err)
 			}
@@ -745,7 +773,7 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 		"write_bytes_per_s": strconv.FormatFloat(float64(img.Size)/writeSecs, 'f', 0, 64),
 	}
 	if task.Stage != nil {
-		err = a.step(ctx, agentapi.StepStage, func() (string, error) {
+		err = a.stepClearing(ctx, agentapi.StepStage, dev, int64(img.Size), func() (string, error) {
 			info, hk, err := a.stage(task, dev)
 			if err != nil {
 				return "", fail(agentapi.StepStage, agentapi.ReasonStageFailed, "%v", err)
@@ -764,8 +792,12 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 	}
 	_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateStarted})
 	if err := dev.Sync(); err != nil {
-		_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateFailed, Reason: agentapi.ReasonWriteFailed, Message: err.Error()})
-		return nil, fail(agentapi.StepFinalize, agentapi.ReasonWriteFailed, "sync: %v", err)
+		se := fail(agentapi.StepFinalize, agentapi.ReasonWriteFailed, "sync: %v", err)
+		if cerr := ClearPartitionTable(dev, int64(img.Size)); cerr == nil {
+			se.Err = fmt.Errorf("%w; partition table cleared", se.Err)
+		}
+		_ = a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateFailed, Reason: se.Reason, Message: se.Err.Error()})
+		return nil, se
 	}
 	_ = dev.RereadPartitions()
 	if err := a.report(ctx, agentapi.Report{Step: agentapi.StepFinalize, State: agentapi.StateSucceeded, Progress: 1, Written: written}); err != nil {
@@ -796,11 +828,10 @@ func (a *Agent) wipeSignatures(dev *Device) error {
 	return dev.Sync()
 }
 
-// writeImage streams the image to dev, hashing the decompressed bytes. It returns the
-// stream's SHA-256 hex, the seconds spent and the resumptions used.
-func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device) (string, float64, int, error) {
-	img := task.Image
-	p := a.startProgress(ctx, agentapi.StepWrite, task.Heartbeat)
+// writeImage streams img to dev at byte offset base, hashing the decompressed bytes. It
+// returns the stream's SHA-256 hex, the seconds spent and the resumptions used.
+func (a *Agent) writeImage(ctx context.Context, img *agentapi.ImageRef, heartbeat time.Duration, dev *Device, base int64) (string, float64, int, error) {
+	p := a.startProgress(ctx, agentapi.StepWrite, heartbeat)
 	defer p.end()
 	rr := &rangeReader{ctx: ctx, client: a.cfg.HTTP, url: img.URL, urls: a.imageURLs(img.URL), token: a.cfg.Token, total: -1,
 		maxResumes: a.cfg.MaxResumes, openTries: a.cfg.Retries, backoff: a.cfg.RetryBase, backoffMax: a.cfg.RetryMax,
@@ -823,10 +854,36 @@ func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device
 		off  int64
 		refs atomic.Int32
 	}
-	const nbuf = 4
+	const nbuf = 6
 	free := make(chan []byte, nbuf)
 	for i := 0; i < nbuf; i++ {
-		free <- make([]byte, writeBufSize)
+		free <- alignedBuf(writeBufSize) // O_DIRECT wants aligned memory
+	}
+	// Whole aligned blocks go to the device with O_DIRECT: no copy into the page cache
+	// (under TCG that copy costs as much as the hash) and no writeback at the fsync. A
+	// target that refuses O_DIRECT (tmpfs), Config.pageCacheIO, and the unaligned tail
+	// of the last chunk use the ordinary descriptor; the final fsync covers both.
+	var direct *os.File
+	if !a.cfg.pageCacheIO {
+		if f, err := os.OpenFile(dev.Path, os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
+			direct = f
+			defer direct.Close()
+		}
+	}
+	writeAt := func(b []byte, off int64) error {
+		if direct != nil && off%directAlign == 0 {
+			if n := len(b) &^ (directAlign - 1); n > 0 {
+				if _, err := direct.WriteAt(b[:n], off); err != nil {
+					return err
+				}
+				b, off = b[n:], off+int64(n)
+			}
+		}
+		if len(b) > 0 {
+			_, err := dev.WriteAt(b, off)
+			return err
+		}
+		return nil
 	}
 	release := func(c *chunk) {
 		if c.refs.Add(-1) == 0 {
@@ -834,20 +891,36 @@ func (a *Agent) writeImage(ctx context.Context, task *agentapi.Task, dev *Device
 		}
 	}
 	writeCh, hashCh := make(chan *chunk, nbuf), make(chan *chunk, nbuf)
+	// With O_DIRECT each pwrite waits for the device: writers keep that many writes in
+	// flight (a buffered write only copies, so one writer suffices).
+	writers := 1
+	if direct != nil {
+		writers = directWriters
+	}
+	var werrMu sync.Mutex
 	var werr error
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		for c := range writeCh {
-			if werr == nil {
-				if _, err := dev.WriteAt(c.buf, c.off); err != nil {
-					werr = fmt.Errorf("write %s at %d: %w", dev.Path, c.off, err)
+	wg.Add(1 + writers)
+	for w := 0; w < writers; w++ {
+		go func() {
+			defer wg.Done()
+			for c := range writeCh {
+				werrMu.Lock()
+				failed := werr != nil
+				werrMu.Unlock()
+				if !failed {
+					if err := writeAt(c.buf, base+c.off); err != nil {
+						werrMu.Lock()
+						if werr == nil {
+							werr = fmt.Errorf("write %s at %d: %w", dev.Path, c.off, err)
+						}
+						werrMu.Unlock()
+					}
 				}
+				release(c)
 			}
-			release(c)
-		}
-	}()
+		}()
+	}
 	h := sha256.New()
 	go func() {
 		defer wg.Done()
@@ -927,36 +1000,83 @@ func (a *Agent) imageURLs(u string) []string {
 	return []string{u}
 }
 
-// readBack re-reads the image range of dev with O_DIRECT and returns its SHA-256 hex.
-func (a *Agent) readBack(ctx context.Context, task *agentapi.Task, dev *Device) (string, error) {
-	p := a.startProgress(ctx, agentapi.StepVerify, task.Heartbeat)
+// readBack re-reads (progress reported as step) [start, start+size) of dev with O_DIRECT and returns its SHA-256
+// hex. orig (may be nil) maps logical blocks (of dev.SectorSize bytes, numbered from the
+// disk's start) to the contents they had before stage changed them: those blocks are
+// hashed as they were, so the image range still hashes to the image's digest.
+func (a *Agent) readBack(ctx context.Context, step string, heartbeat time.Duration, dev *Device, start, size int64, orig map[int64][]byte) (string, error) {
+	p := a.startProgress(ctx, step, heartbeat)
 	defer p.end()
 	f, err := openDirect(dev.Path)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	size := int64(task.Image.Size)
-	buf := alignedBuf(writeBufSize)
+	// Two buffers: one goroutine reads the next while this one hashes the last, so the
+	// step takes max(read, hash) rather than their sum.
+	type block struct {
+		buf    []byte
+		off, n int64
+		err    error
+	}
+	free := make(chan []byte, 2)
+	free <- alignedBuf(writeBufSize)
+	if !a.cfg.pageCacheIO { // one buffer: read, then hash, in turn
+		free <- alignedBuf(writeBufSize)
+	}
+	full := make(chan block, 2)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		defer close(full)
+		for off := int64(0); off < size; {
+			var buf []byte
+			select {
+			case buf = <-free:
+			case <-done:
+				return
+			}
+			n := min(int64(len(buf)), size-off)
+			// O_DIRECT needs sector-multiple lengths: read a whole sector, hash the needed part.
+			rn := alignUp(n, 4096)
+			k, err := f.ReadAt(buf[:rn], start+off)
+			b := block{buf: buf, off: off, n: n}
+			if int64(k) < n {
+				b.err = fmt.Errorf("read %s at %d: %d bytes: %v", dev.Path, start+off, k, err)
+			}
+			select {
+			case full <- b:
+			case <-done:
+				return
+			}
+			if b.err != nil {
+				return
+			}
+			off += n
+		}
+	}()
 	h := sha256.New()
-	var off int64
-	for off < size {
+	lbs := int64(dev.SectorSize)
+	var got int64
+	for b := range full {
+		if b.err != nil {
+			return "", b.err
+		}
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}
-		n := int64(len(buf))
-		if size-off < n {
-			n = size - off
+		for lba, o := range orig {
+			if at := lba*lbs - (start + b.off); at >= 0 && at+int64(len(o)) <= b.n {
+				copy(b.buf[at:], o)
+			}
 		}
-		// O_DIRECT needs sector-multiple lengths: read a whole sector, hash the needed part.
-		rn := alignUp(n, 4096)
-		k, err := f.ReadAt(buf[:rn], off)
-		if int64(k) < n {
-			return "", fmt.Errorf("read %s at %d: %d bytes: %v", dev.Path, off, k, err)
-		}
-		h.Write(buf[:n])
-		off += n
-		p.set(float64(off) / float64(size))
+		h.Write(b.buf[:b.n])
+		got += b.n
+		free <- b.buf
+		p.set(float64(got) / float64(size))
+	}
+	if got != size {
+		return "", fmt.Errorf("read %s: %d of %d bytes", dev.Path, got, size)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -223,4 +225,36 @@ func isZero(path string, off, n int64) (bool, error) {
 		n -= k
 	}
 	return true, nil
+}
+
+// mknodFromSysfs makes the block device node path from a sysfs dev file ("259:3").
+func mknodFromSysfs(path, devFile string) error {
+	b, err := os.ReadFile(devFile)
+	if err != nil {
+		return err
+	}
+	maj, mnr, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	if !ok {
+		return fmt.Errorf("%s: %q is not MAJOR:MINOR", devFile, b)
+	}
+	ma, err1 := strconv.ParseUint(maj, 10, 32)
+	mi, err2 := strconv.ParseUint(mnr, 10, 32)
+	if err1 != nil || err2 != nil {
+		return fmt.Errorf("%s: %q is not MAJOR:MINOR", devFile, b)
+	}
+	return unix.Mknod(path, unix.S_IFBLK|0o600, int(unix.Mkdev(uint32(ma), uint32(mi))))
+}
+
+// blkpg adds (BLKPG_ADD_PARTITION) or deletes (BLKPG_DEL_PARTITION) partition pno of the
+// block device in the kernel's view only (the table on the medium is not touched);
+// start and length in bytes.
+func (d *Device) blkpg(op int32, pno int, start, length int64) error {
+	part := unix.BlkpgPartition{Start: start, Length: length, Pno: int32(pno)}
+	arg := unix.BlkpgIoctlArg{Op: op, Datalen: int32(unsafe.Sizeof(part)), Data: (*byte)(unsafe.Pointer(&part))}
+	const blkpgIoctl = 0x1269 // _IO(0x12, 105), include/uapi/linux/fs.h BLKPG
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, d.f.Fd(), blkpgIoctl, uintptr(unsafe.Pointer(&arg)))
+	if e != 0 {
+		return e
+	}
+	return nil
 }

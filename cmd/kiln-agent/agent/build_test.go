@@ -268,7 +268,7 @@ func TestProvisionGoodWrite(t *testing.T) {
 }
 
 // TestProvisionCorruptStream: a byte flipped mid-stream on every fetch → one rewrite, then
-// digest_mismatch.
+// digest_mismatch, and the disk is left without a partition table.
 func TestProvisionCorruptStream(t *testing.T) {
 	testreq.Root(t, "loop devices", "losetup", "sfdisk", "mkfs.ext4")
 	img := buildImage(t, "gpt", 8, "corrupt")
@@ -277,12 +277,14 @@ func TestProvisionCorruptStream(t *testing.T) {
 	bad[len(bad)/2] ^= 0xFF
 	fa.images["img"] = bad
 	fa.tasks = []agentapi.Task{provisionTask(fa, "img", img, "raw")}
-	dev, _ := newLoop(t, 64<<20, nil)
+	dev, file := newLoop(t, 64<<20, nil)
 	runAgent(t, fa, dev, loopSerial)
 	r, ok := fa.final(agentapi.StepVerify)
-	if !ok || r.State != agentapi.StateFailed || r.Reason != agentapi.ReasonDigestMismatch {
+	if !ok || r.State != agentapi.StateFailed || r.Reason != agentapi.ReasonDigestMismatch || !strings.Contains(r.Message, "partition table cleared") {
 		t.Fatalf("verify: %+v", r)
 	}
+	// The failed build leaves no partition table (the image's GPT was on the disk).
+	checkNoPartitionTable(t, file)
 	if fa.gets["img"] != 2 {
 		t.Errorf("image fetched %d times, want 2 (one rewrite)", fa.gets["img"])
 	}

@@ -41,6 +41,8 @@ type fakeAppliance struct {
 	publicImages bool
 	// failRegister answers this many registrations with 503 first.
 	failRegister int
+	// credentials answers GET /v1/agent/credentials; nil = 403 (the gate is closed).
+	credentials *agentapi.Credentials
 }
 
 const testToken = "tok-123"
@@ -96,6 +98,20 @@ func newFakeAppliance(t *testing.T) *fakeAppliance {
 		fa.reports = append(fa.reports, rep)
 		fa.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /v1/agent/credentials", func(w http.ResponseWriter, r *http.Request) {
+		if !auth(w, r) {
+			return
+		}
+		fa.mu.Lock()
+		c := fa.credentials
+		fa.mu.Unlock()
+		if c == nil {
+			http.Error(w, "attestation gate closed", http.StatusForbidden)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(c)
 	})
 	mux.HandleFunc("GET /images/{name}", func(w http.ResponseWriter, r *http.Request) {
 		if !fa.publicImages && !auth(w, r) {

@@ -136,42 +136,143 @@ func appendMBR(dev readerWriterAt, diskSize int64, lbs int, imageEnd, size int64
 const gptHeaderSize = 92
 
 func appendGPT(dev readerWriterAt, diskSize int64, lbs int, imageEnd, size int64, name string, head []byte) (PartInfo, error) {
-	hdr := bytes.Clone(head[lbs : lbs+lbs])
-	hsz := binary.LittleEndian.Uint32(hdr[12:])
-	if hsz < gptHeaderSize || int(hsz) > lbs {
-		return PartInfo{}, fmt.Errorf("%w: GPT header size %d", ErrNoPartitionTable, hsz)
+	infos, _, err := appendGPTParts(dev, diskSize, lbs, imageEnd, []PartSpec{{Name: name, Size: size, Type: basicDataGUID}}, head)
+	if err != nil {
+		return PartInfo{}, err
 	}
-	crc := binary.LittleEndian.Uint32(hdr[16:])
-	chk := bytes.Clone(hdr[:hsz])
+	return infos[0], nil
+}
+
+// PartSpec is one partition to append: its GPT name, size in bytes (a multiple of the
+// logical block size) and type GUID (on-disk byte order; zero = Linux file system data).
+type PartSpec struct {
+	Name string
+	Size int64
+	Type [16]byte
+}
+
+// linuxDataGUID is 0FC63DAF-8483-4772-8E79-3D69D8477DE4 (Linux file system data).
+var linuxDataGUID = guidBytes(0x0FC63DAF, 0x8483, 0x4772, [8]byte{0x8E, 0x79, 0x3D, 0x69, 0xD8, 0x47, 0x7D, 0xE4})
+
+// AppendGPTPartitions appends parts, in order, each at the next 1 MiB boundary after
+// imageEnd and after every partition already in the table, to the GPT on dev (the
+// layered build: one partition per extra layer, then kiln-node). It returns each
+// partition and the original contents of every logical block below imageEnd it changed
+// (LBA → bytes), so a read-back of the image range can be checked against the image's
+// digest. Errors wrap ErrNoPartitionTable (no valid GPT), ErrNoFreeSlot or ErrNoRoom.
+func AppendGPTPartitions(dev readerWriterAt, diskSize int64, lbs int, imageEnd int64, parts []PartSpec) ([]PartInfo, map[int64][]byte, error) {
+	if lbs < 512 || lbs&(lbs-1) != 0 {
+		return nil, nil, fmt.Errorf("%w: logical block size %d", ErrNoPartitionTable, lbs)
+	}
+	head := make([]byte, 2*lbs)
+	if _, err := dev.ReadAt(head, 0); err != nil {
+		return nil, nil, fmt.Errorf("read partition table: %w", err)
+	}
+	if string(head[lbs:lbs+8]) != "EFI PART" {
+		return nil, nil, fmt.Errorf("%w: no GPT header at LBA 1", ErrNoPartitionTable)
+	}
+	return appendGPTParts(dev, diskSize, lbs, imageEnd, parts, head)
+}
+
+// gptTable is a parsed, CRC-checked primary GPT.
+type gptTable struct {
+	hdr        []byte
+	hsz        uint32
+	entLBA     int64
+	num, esz   int64
+	arrBytes   int64
+	arrSectors int64
+	arr        []byte
+}
+
+func readGPT(dev io.ReaderAt, lbs int, head []byte) (*gptTable, error) {
+	t := &gptTable{hdr: bytes.Clone(head[lbs : lbs+lbs])}
+	if string(t.hdr[:8]) != "EFI PART" {
+		return nil, fmt.Errorf("%w: no GPT header at LBA 1", ErrNoPartitionTable)
+	}
+	t.hsz = binary.LittleEndian.Uint32(t.hdr[12:])
+	if t.hsz < gptHeaderSize || int(t.hsz) > lbs {
+		return nil, fmt.Errorf("%w: GPT header size %d", ErrNoPartitionTable, t.hsz)
+	}
+	crc := binary.LittleEndian.Uint32(t.hdr[16:])
+	chk := bytes.Clone(t.hdr[:t.hsz])
 	binary.LittleEndian.PutUint32(chk[16:], 0)
 	if crc32.ChecksumIEEE(chk) != crc {
-		return PartInfo{}, fmt.Errorf("%w: GPT header CRC mismatch", ErrNoPartitionTable)
+		return nil, fmt.Errorf("%w: GPT header CRC mismatch", ErrNoPartitionTable)
 	}
-	entLBA := int64(binary.LittleEndian.Uint64(hdr[72:]))
-	num := int64(binary.LittleEndian.Uint32(hdr[80:]))
-	esz := int64(binary.LittleEndian.Uint32(hdr[84:]))
-	if esz < 128 || num < 1 || num*esz > 1<<20 {
-		return PartInfo{}, fmt.Errorf("%w: GPT entries %d x %d", ErrNoPartitionTable, num, esz)
+	t.entLBA = int64(binary.LittleEndian.Uint64(t.hdr[72:]))
+	t.num = int64(binary.LittleEndian.Uint32(t.hdr[80:]))
+	t.esz = int64(binary.LittleEndian.Uint32(t.hdr[84:]))
+	if t.esz < 128 || t.esz&(t.esz-1) != 0 || t.num < 1 || t.num*t.esz > 1<<20 || t.entLBA < 2 {
+		return nil, fmt.Errorf("%w: GPT entries %d x %d at LBA %d", ErrNoPartitionTable, t.num, t.esz, t.entLBA)
 	}
-	arrBytes := num * esz
-	arrSectors := alignUp(arrBytes, int64(lbs)) / int64(lbs)
-	arr := make([]byte, arrSectors*int64(lbs))
-	if _, err := dev.ReadAt(arr, entLBA*int64(lbs)); err != nil {
-		return PartInfo{}, fmt.Errorf("read GPT entries: %w", err)
+	t.arrBytes = t.num * t.esz
+	t.arrSectors = alignUp(t.arrBytes, int64(lbs)) / int64(lbs)
+	t.arr = make([]byte, t.arrSectors*int64(lbs))
+	if _, err := dev.ReadAt(t.arr, t.entLBA*int64(lbs)); err != nil {
+		return nil, fmt.Errorf("read GPT entries: %w", err)
 	}
-	if crc32.ChecksumIEEE(arr[:arrBytes]) != binary.LittleEndian.Uint32(hdr[88:]) {
-		return PartInfo{}, fmt.Errorf("%w: GPT entries CRC mismatch", ErrNoPartitionTable)
+	if crc32.ChecksumIEEE(t.arr[:t.arrBytes]) != binary.LittleEndian.Uint32(t.hdr[88:]) {
+		return nil, fmt.Errorf("%w: GPT entries CRC mismatch", ErrNoPartitionTable)
 	}
+	return t, nil
+}
+
+// GPTPart is one used entry of a GPT: 1-based Index, Name, Start and Size in bytes.
+type GPTPart struct {
+	Index       int
+	Name        string
+	Start, Size int64
+}
+
+// ReadGPTPartitions returns the used entries of dev's primary GPT (CRC-checked).
+func ReadGPTPartitions(dev io.ReaderAt, lbs int) ([]GPTPart, error) {
+	head := make([]byte, 2*lbs)
+	if _, err := dev.ReadAt(head, 0); err != nil {
+		return nil, fmt.Errorf("read partition table: %w", err)
+	}
+	t, err := readGPT(dev, lbs, head)
+	if err != nil {
+		return nil, err
+	}
+	var out []GPTPart
+	var zero [16]byte
+	for i := int64(0); i < t.num; i++ {
+		e := t.arr[i*t.esz : (i+1)*t.esz]
+		if bytes.Equal(e[:16], zero[:]) {
+			continue
+		}
+		first, last := int64(binary.LittleEndian.Uint64(e[32:])), int64(binary.LittleEndian.Uint64(e[40:]))
+		if last < first {
+			continue
+		}
+		var u16 []uint16
+		for k := 56; k+1 < int(t.esz) && k < 56+72; k += 2 {
+			c := binary.LittleEndian.Uint16(e[k:])
+			if c == 0 {
+				break
+			}
+			u16 = append(u16, c)
+		}
+		out = append(out, GPTPart{Index: int(i) + 1, Name: string(utf16.Decode(u16)), Start: first * int64(lbs), Size: (last - first + 1) * int64(lbs)})
+	}
+	return out, nil
+}
+
+func appendGPTParts(dev readerWriterAt, diskSize int64, lbs int, imageEnd int64, parts []PartSpec, head []byte) ([]PartInfo, map[int64][]byte, error) {
+	t, err := readGPT(dev, lbs, head)
+	if err != nil {
+		return nil, nil, err
+	}
+	hdr, hsz, entLBA, num, esz, arrBytes, arrSectors, arr := t.hdr, t.hsz, t.entLBA, t.num, t.esz, t.arrBytes, t.arrSectors, t.arr
 	oldArr := bytes.Clone(arr)
 	start := alignUp(imageEnd, stageAlign)
-	free := int64(-1)
+	var free []int64
 	var zero [16]byte
 	for i := int64(0); i < num; i++ {
 		e := arr[i*esz:]
 		if bytes.Equal(e[:16], zero[:]) {
-			if free < 0 {
-				free = i
-			}
+			free = append(free, i)
 			continue
 		}
 		end := (int64(binary.LittleEndian.Uint64(e[40:])) + 1) * int64(lbs)
@@ -179,31 +280,43 @@ func appendGPT(dev readerWriterAt, diskSize int64, lbs int, imageEnd, size int64
 			start = alignUp(end, stageAlign)
 		}
 	}
-	if free < 0 {
-		return PartInfo{}, ErrNoFreeSlot
+	if len(free) < len(parts) {
+		return nil, nil, fmt.Errorf("%w: %d free GPT entries, %d partitions to add", ErrNoFreeSlot, len(free), len(parts))
 	}
 	lastLBA := diskSize/int64(lbs) - 1
 	lastUsable := lastLBA - arrSectors - 1
-	first := start / int64(lbs)
-	last := first + size/int64(lbs) - 1
-	if last > lastUsable {
-		return PartInfo{}, fmt.Errorf("%w: need LBA %d..%d, last usable %d", ErrNoRoom, first, last, lastUsable)
-	}
-	e := arr[free*esz : (free+1)*esz]
-	clear(e)
-	copy(e[0:16], basicDataGUID[:])
-	if _, err := rand.Read(e[16:32]); err != nil {
-		return PartInfo{}, err
-	}
-	e[16+7] = e[16+7]&0x0F | 0x40 // RFC 9562 version 4 (mixed-endian field 3, high byte)
-	e[16+8] = e[16+8]&0x3F | 0x80
-	binary.LittleEndian.PutUint64(e[32:], uint64(first))
-	binary.LittleEndian.PutUint64(e[40:], uint64(last))
-	for i, r := range utf16.Encode([]rune(name)) {
-		if 56+2*i+1 >= int(esz) || i >= 36 {
-			break
+	infos := make([]PartInfo, 0, len(parts))
+	for k, p := range parts {
+		if p.Size <= 0 || p.Size%int64(lbs) != 0 {
+			return nil, nil, fmt.Errorf("%w: partition %q size %d is not a positive multiple of %d", ErrNoRoom, p.Name, p.Size, lbs)
 		}
-		binary.LittleEndian.PutUint16(e[56+2*i:], r)
+		first := start / int64(lbs)
+		last := first + p.Size/int64(lbs) - 1
+		if last > lastUsable {
+			return nil, nil, fmt.Errorf("%w: need LBA %d..%d, last usable %d", ErrNoRoom, first, last, lastUsable)
+		}
+		typ := p.Type
+		if typ == zero {
+			typ = linuxDataGUID
+		}
+		e := arr[free[k]*esz : (free[k]+1)*esz]
+		clear(e)
+		copy(e[0:16], typ[:])
+		if _, err := rand.Read(e[16:32]); err != nil {
+			return nil, nil, err
+		}
+		e[16+7] = e[16+7]&0x0F | 0x40 // RFC 9562 version 4 (mixed-endian field 3, high byte)
+		e[16+8] = e[16+8]&0x3F | 0x80
+		binary.LittleEndian.PutUint64(e[32:], uint64(first))
+		binary.LittleEndian.PutUint64(e[40:], uint64(last))
+		for i, r := range utf16.Encode([]rune(p.Name)) {
+			if 56+2*i+1 >= int(esz) || i >= 36 {
+				break
+			}
+			binary.LittleEndian.PutUint16(e[56+2*i:], r)
+		}
+		infos = append(infos, PartInfo{Scheme: "gpt", Index: int(free[k]) + 1, Start: first * int64(lbs), Size: p.Size, SectorSize: lbs})
+		start = alignUp((last+1)*int64(lbs), stageAlign)
 	}
 	arrCRC := crc32.ChecksumIEEE(arr[:arrBytes])
 
@@ -221,18 +334,19 @@ func appendGPT(dev readerWriterAt, diskSize int64, lbs int, imageEnd, size int64
 
 	// Backup first (outside the image), then the primary array and header.
 	if _, err := dev.WriteAt(arr, (lastLBA-arrSectors)*int64(lbs)); err != nil {
-		return PartInfo{}, fmt.Errorf("write backup GPT entries: %w", err)
+		return nil, nil, fmt.Errorf("write backup GPT entries: %w", err)
 	}
 	if _, err := dev.WriteAt(bak, lastLBA*int64(lbs)); err != nil {
-		return PartInfo{}, fmt.Errorf("write backup GPT header: %w", err)
+		return nil, nil, fmt.Errorf("write backup GPT header: %w", err)
 	}
 	if _, err := dev.WriteAt(arr, entLBA*int64(lbs)); err != nil {
-		return PartInfo{}, fmt.Errorf("write GPT entries: %w", err)
+		return nil, nil, fmt.Errorf("write GPT entries: %w", err)
 	}
 	if _, err := dev.WriteAt(hdr, int64(lbs)); err != nil {
-		return PartInfo{}, fmt.Errorf("write GPT header: %w", err)
+		return nil, nil, fmt.Errorf("write GPT header: %w", err)
 	}
-	info := PartInfo{Scheme: "gpt", Index: int(free) + 1, Start: first * int64(lbs), Size: size, SectorSize: lbs}
+	orig := map[int64][]byte{}
+	var changed []int64
 
 	// Protective MBR: widen the 0xEE entry to the whole disk (UEFI 2.10 §5.2.3).
 	sec0 := bytes.Clone(head[:lbs])
@@ -248,20 +362,55 @@ func appendGPT(dev readerWriterAt, diskSize int64, lbs int, imageEnd, size int64
 	}
 	if !bytes.Equal(sec0, head[:lbs]) {
 		if _, err := dev.WriteAt(sec0, 0); err != nil {
-			return PartInfo{}, fmt.Errorf("write protective MBR: %w", err)
+			return nil, nil, fmt.Errorf("write protective MBR: %w", err)
 		}
-		info.Changed = append(info.Changed, 0)
+		changed = append(changed, 0)
+		orig[0] = bytes.Clone(head[:lbs])
 	}
 	if !bytes.Equal(oldHdr, hdr) {
-		info.Changed = append(info.Changed, 1)
+		changed = append(changed, 1)
+		orig[1] = oldHdr
 	}
 	for s := int64(0); s < arrSectors; s++ {
 		a, b := oldArr[s*int64(lbs):(s+1)*int64(lbs)], arr[s*int64(lbs):(s+1)*int64(lbs)]
 		if !bytes.Equal(a, b) && (entLBA+s)*int64(lbs) < imageEnd {
-			info.Changed = append(info.Changed, entLBA+s)
+			changed = append(changed, entLBA+s)
+			orig[entLBA+s] = bytes.Clone(a)
 		}
 	}
-	return info, nil
+	for k := range infos {
+		infos[k].Changed = changed
+	}
+	return infos, orig, nil
+}
+
+// ClearPartitionTable makes dev unbootable after a failed build: it zeroes the first MiB
+// (protective MBR with its boot code, the primary GPT header and array), the last MiB
+// (the backup GPT at the disk's end) and, when imageEnd lies inside the disk, the
+// image's own stale backup GPT (the 1 MiB before imageEnd), then fsyncs and checks with
+// an O_DIRECT read that the first and last MiB read back as zeros. Firmware then finds
+// neither an MBR boot signature nor a GPT and boots the next entry (the network).
+func ClearPartitionTable(dev *Device, imageEnd int64) error {
+	n := min(int64(eraseCheckBytes), dev.Size)
+	ranges := [][2]int64{{0, n}, {dev.Size - n, n}}
+	if imageEnd > n && imageEnd < dev.Size-n {
+		m := min(int64(eraseCheckBytes), imageEnd-n)
+		ranges = append(ranges, [2]int64{imageEnd - m, m})
+	}
+	for _, r := range ranges {
+		if err := zeroRange(dev, r[0], r[1]); err != nil {
+			return fmt.Errorf("zero %d+%d: %w", r[0], r[1], err)
+		}
+	}
+	if err := dev.Sync(); err != nil {
+		return err
+	}
+	for _, r := range ranges[:2] {
+		if ok, err := isZero(dev.Path, r[0], r[1]); err != nil || !ok {
+			return fmt.Errorf("partition table still readable at %d (err %v)", r[0], err)
+		}
+	}
+	return nil
 }
 
 func setHeaderCRC(h []byte, hsz uint32) {

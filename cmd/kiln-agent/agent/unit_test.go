@@ -393,3 +393,67 @@ func TestParseLANIPResponse(t *testing.T) {
 		}
 	}
 }
+
+// FuzzAppendGPTPartitions: the layered build's table update on arbitrary disk heads. When
+// it succeeds, ReadGPTPartitions reads back every appended partition, in order, with its
+// name and size, 1 MiB aligned, at or after the image end, not overlapping each other or
+// any other entry, on the disk; orig holds the old contents of exactly the changed sectors
+// below the image end (restoring them restores the image range); when it fails, nothing
+// was written.
+func FuzzAppendGPTPartitions(f *testing.F) {
+	f.Add(smallGPT(), int64(64), uint8(2))
+	f.Add([]byte{}, int64(0), uint8(1))
+	const disk = 6 << 20
+	f.Fuzz(func(t *testing.T, head []byte, imgSectors int64, nparts uint8) {
+		m := make(memDisk, disk)
+		copy(m, head)
+		if imgSectors < 0 || imgSectors > 2048 {
+			imgSectors = 64
+		}
+		end := imgSectors * 512
+		var specs []PartSpec
+		for i := 0; i < int(nparts%4)+1; i++ {
+			specs = append(specs, PartSpec{Name: fmt.Sprintf("kiln-layer-%d", i), Size: int64(i+1) * 64 << 10})
+		}
+		before := bytes.Clone(m)
+		infos, orig, err := AppendGPTPartitions(m, disk, 512, end, specs)
+		if err != nil {
+			if !errors.Is(err, ErrNoPartitionTable) && !errors.Is(err, ErrNoFreeSlot) && !errors.Is(err, ErrNoRoom) {
+				t.Fatalf("unclassified error %v", err)
+			}
+			if !bytes.Equal(m, before) {
+				t.Fatalf("refused (%v) but wrote to the disk", err)
+			}
+			return
+		}
+		parts, err := ReadGPTPartitions(m, 512)
+		if err != nil {
+			t.Fatalf("the table written does not read back: %v", err)
+		}
+		byIndex := map[int]GPTPart{}
+		for _, p := range parts {
+			byIndex[p.Index] = p
+		}
+		for k, in := range infos {
+			p, ok := byIndex[in.Index]
+			if !ok || p.Name != specs[k].Name || p.Start != in.Start || p.Size != specs[k].Size || in.Start%stageAlign != 0 || in.Start < end || in.Start+in.Size > disk {
+				t.Fatalf("partition %d: info %+v, read back %+v (%v)", k, in, p, ok)
+			}
+			for _, q := range parts {
+				if q.Index != p.Index && q.Start < p.Start+p.Size && p.Start < q.Start+q.Size {
+					t.Fatalf("%+v overlaps %+v", p, q)
+				}
+			}
+		}
+		restored := bytes.Clone(m[:end])
+		for lba, b := range orig {
+			if lba*512 >= end {
+				t.Fatalf("orig holds LBA %d at or after the image end", lba)
+			}
+			copy(restored[lba*512:], b)
+		}
+		if !bytes.Equal(restored, before[:end]) {
+			t.Fatal("restoring orig does not give back the image range")
+		}
+	})
+}

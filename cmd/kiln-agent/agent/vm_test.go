@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -223,6 +224,15 @@ func checkVMResult(t *testing.T, res vmResult) map[string]string {
 		if !strings.Contains(res.serial, want) {
 			t.Errorf("serial log lacks %q", want)
 		}
+	}
+	// Issue 15's inspection fields, from the guest's sysfs/procfs: the virtio-blk function
+	// (1af4, class 01 mass storage), the CPU flags, no TPM (none attached).
+	virtio := false
+	for _, p := range res.fa.reg.Inventory.PCI {
+		virtio = virtio || (p.VendorID == 0x1af4 && p.Class>>16 == 0x01)
+	}
+	if !virtio || !slices.Contains(res.fa.reg.Inventory.CPUFlags, "sse2") || res.fa.reg.Inventory.TPM != nil {
+		t.Errorf("inspection: PCI %+v, %d CPU flags, TPM %+v", res.fa.reg.Inventory.PCI, len(res.fa.reg.Inventory.CPUFlags), res.fa.reg.Inventory.TPM)
 	}
 	if res.bmc && res.fa.reg.Inventory.BMCAddress != bmcTestAddr {
 		t.Errorf("BMC address seen in-band: %q, want %s", res.fa.reg.Inventory.BMCAddress, bmcTestAddr)

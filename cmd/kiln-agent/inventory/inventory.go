@@ -45,6 +45,11 @@ func Collect(root string) (agentapi.Inventory, error) {
 	if inv.NICs, err = NICs(root); err != nil {
 		return inv, err
 	}
+	inv.CPUFlags = CPUFlags(root)
+	inv.TPM = TPM(root)
+	if inv.PCI, err = PCI(root); err != nil {
+		return inv, err
+	}
 	return inv, nil
 }
 
