@@ -71,12 +71,18 @@ const (
 	ReasonEraseFailed      Reason = "erase_failed"
 	ReasonTimeout          Reason = "timeout"
 	ReasonInternal         Reason = "internal_error"
+	// Issue 15, first boot (api/agentapi/release.go): the OS could not read its
+	// per-node layer (kiln-node missing a file, unreadable, or malformed), or the
+	// staged cluster join failed.
+	ReasonFirstBootNodeLayer  Reason = "first_boot_node_layer"
+	ReasonFirstBootJoinFailed Reason = "first_boot_join_failed"
 )
 
 // Reasons lists every non-empty Reason.
 var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
-	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal}
+	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
+	ReasonFirstBootNodeLayer, ReasonFirstBootJoinFailed}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
 const MaxMessageLen = 512

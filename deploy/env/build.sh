@@ -44,6 +44,9 @@ KTREE="$CACHE/$(basename "$DEB" .deb).x"
 if [ ! -d "$KTREE/boot" ]; then
   rm -rf "$KTREE.tmp"; dpkg -x "$DEB" "$KTREE.tmp"; mv "$KTREE.tmp" "$KTREE"
 fi
+# KILN_ENV_KERNEL_ONLY=1: fetch and unpack the kernel .deb (cached), print its unpacked tree and stop
+# (deploy/lab/labos builds the lab OS from the same kernel).
+if [ "${KILN_ENV_KERNEL_ONLY:-}" = 1 ]; then echo "$KTREE"; exit 0; fi
 KVER=$(ls "$KTREE/lib/modules" | head -1)
 MODDIR="$KTREE/lib/modules/$KVER"
 
