@@ -54,9 +54,10 @@ const (
 
 // Modules are the kernel modules the lab OS's initramfs loads (with their
 // dependencies, in load order): disks, NICs, dm-verity, squashfs (the root)
-// and ext4 (the node layer).
+// and ext4 (the node layer) with crc32c_generic, its soft dependency
+// (modinfo's "softdep: pre: crypto-crc32c", which depends does not list).
 var Modules = []string{"virtio_pci", "virtio_blk", "virtio_scsi", "virtio_net", "sd_mod", "ahci", "nvme",
-	"e1000", "e1000e", "af_packet", "dm_mod", "dm_verity", "squashfs", "ext4"}
+	"e1000", "e1000e", "af_packet", "dm_mod", "dm_verity", "squashfs", "crc32c_generic", "ext4"}
 
 // Options of Build. Only Dir is required.
 type Options struct {
@@ -251,7 +252,7 @@ type builder struct {
 // kernelTree asks deploy/env/build.sh for the unpacked kernel package.
 func kernelTree(root string) (string, error) {
 	cmd := exec.Command(filepath.Join(root, "deploy/env/build.sh"))
-	cmd.Env = append(os.Environ(), "KILN_ENV_KERNEL_ONLY=1", "KILN_ENV_OUT="+filepath.Join(os.TempDir(), "kiln-labos-env-unused"))
+	cmd.Env = append(os.Environ(), "KILN_ENV_KERNEL_ONLY=1")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
