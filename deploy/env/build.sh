@@ -78,7 +78,7 @@ install -m 0755 "$ROOT/deploy/env/udhcpc.script" "$R/bin/udhcpc.script"
 # Modules with their dependencies, in load order (dependencies first). Built-in ones are skipped.
 order=""
 resolve() {
-  local m=$1 f deps d
+  local m=${1//-/_} f deps d                        # dm-mod and dm_mod are one module
   f=$(find "$MODDIR" -name "$m.ko" -o -name "${m//_/-}.ko" | head -1)
   [ -n "$f" ] || return 0                         # built in (modules.builtin) or not built
   deps=$(/sbin/modinfo -F depends "$f" | tr ',' ' ')

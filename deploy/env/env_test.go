@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"kiln/deploy/lab/testreq"
@@ -34,6 +35,12 @@ func TestEnvToolsRunFromInitramfs(t *testing.T) {
 	for _, m := range []string{"dm_mod", "dm_verity", "crc32c_generic", "ext4"} {
 		if !strings.Contains("\n"+string(order), "\n"+m+"\n") {
 			t.Fatalf("module %s not in /lib/modules/order:\n%s", m, order)
+		}
+	}
+	// The environment has devtmpfs; here the RNG devices cryptsetup opens suffice.
+	for name, minor := range map[string]int{"random": 8, "urandom": 9} {
+		if err := syscall.Mknod(filepath.Join(dir, "dev", name), syscall.S_IFCHR|0o666, 1<<8|minor); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "tmp/node/etc"), 0o755); err != nil {
