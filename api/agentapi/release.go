@@ -167,3 +167,53 @@ const (
 	PartRootVerity = "kiln-root-verity" // its hash tree, when not appended to kiln-root
 	PartNode       = "kiln-node"        // the per-node ext4 file system (label kiln-node)
 )
+
+// EndpointFirstBoot is the appliance path of the first-boot report.
+const EndpointFirstBoot = "/v1/agent/firstboot"
+
+// firstBootReasons are the Reasons a failed first boot may carry.
+var firstBootReasons = map[Reason]bool{ReasonFirstBootNodeLayer: true, ReasonFirstBootJoin: true}
+
+// Validate is the sender's rule for a well-formed report (cmd/kiln-firstboot
+// checks its own before it posts): a known phase and outcome, no reason on
+// success and a first_boot_* reason on failure, a sanitized message of at
+// most MaxFirstBootMessageLen bytes. The appliance is more tolerant: it
+// sanitises and truncates what it receives (appliance/lifecycle
+// firstboot.go checkFirstBoot).
+func (r FirstBootReport) Validate() error {
+	switch {
+	case r.MachineID == "":
+		return errFirstBoot("machine_id missing")
+	case r.Phase != PhaseNodeLayer && r.Phase != PhaseJoin:
+		return errFirstBoot("unknown phase " + SanitizeMessage(r.Phase, 32))
+	case r.Outcome != OutcomeSucceeded && r.Outcome != OutcomeFailed:
+		return errFirstBoot("unknown outcome " + SanitizeMessage(r.Outcome, 32))
+	case r.Outcome == OutcomeSucceeded && r.Reason != ReasonNone:
+		return errFirstBoot("a succeeded report carries no reason")
+	case r.Outcome == OutcomeFailed && !firstBootReasons[r.Reason]:
+		return errFirstBoot("a failed report needs a first_boot_* reason, not " + SanitizeMessage(string(r.Reason), 32))
+	case r.Message != SanitizeMessage(r.Message, MaxFirstBootMessageLen):
+		return errFirstBoot("message not sanitized or longer than 256 bytes")
+	}
+	return nil
+}
+
+type errFirstBoot string
+
+func (e errFirstBoot) Error() string { return "firstboot report: " + string(e) }
+
+// SanitizeMessage keeps printable ASCII (space to '~'), turns every other
+// byte (newlines, control characters, non-ASCII) into '?', and cuts the
+// result to max bytes.
+func SanitizeMessage(s string, max int) string {
+	b := []byte(s)
+	if len(b) > max {
+		b = b[:max]
+	}
+	for i, c := range b {
+		if c < ' ' || c > '~' {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}

@@ -5,8 +5,10 @@
 #   vmlinuz    the kernel of Debian's linux-image-* package that linux-image-amd64 depends on
 #              (fetched with `apt-get download`, unpacked with `dpkg -x`, never installed)
 #   initramfs  gzip'ed newc cpio: /init (busybox sh), /bin/busybox (static), /bin/kiln-agent
-#              (CGO_ENABLED=0, -trimpath -ldflags=-buildid=), and only the kernel modules
-#              listed in WANT_MODULES plus their dependencies (/lib/modules/order)
+#              (CGO_ENABLED=0, -trimpath -ldflags=-buildid=), /sbin/veritysetup and
+#              /sbin/mkfs.ext4 (WANT_PROGRAMS, with the libraries ldd lists; /etc/mke2fs.conf),
+#              and only the kernel modules listed in WANT_MODULES plus their dependencies
+#              (/lib/modules/order)
 #   DIGESTS    sha256 of the kernel .deb, vmlinuz and initramfs (sha256sum format)
 #
 # The .deb and its unpacked tree are cached in build/cache/ (KILN_ENV_CACHE) so reruns do not
@@ -18,8 +20,12 @@ OUT=${KILN_ENV_OUT:-$ROOT/build/env}
 CACHE=${KILN_ENV_CACHE:-$ROOT/build/cache}
 GO=${GO:-go}
 # virtio (qemu, most clouds), e1000/igb/ixgbe/bnxt/mlx5 are left out on purpose: add NIC drivers here.
-WANT_MODULES=${WANT_MODULES:-"virtio_pci virtio_net virtio_blk virtio_scsi sd_mod nvme ahci e1000 e1000e af_packet ipmi_si ipmi_devintf"}
-mkdir -p "$OUT" "$CACHE"
+# dm_mod, dm_verity, crc32c_generic (ext4's softdep), ext4: the agent checks the base root's dm-verity tree and writes the ext4 node layer.
+WANT_MODULES=${WANT_MODULES:-"virtio_pci virtio_net virtio_blk virtio_scsi sd_mod nvme ahci e1000 e1000e af_packet ipmi_si ipmi_devintf dm_mod dm_verity crc32c_generic ext4"}
+# Host programs the agent runs (issue 15), copied with the shared libraries ldd lists: veritysetup
+# (verify step: the base root's hash tree) and mkfs.ext4 (the per-node layer, mkfs.ext4 -d).
+WANT_PROGRAMS=${WANT_PROGRAMS:-"/usr/sbin/veritysetup /usr/sbin/mkfs.ext4"}
+mkdir -p "$CACHE"
 
 # One build at a time per cache (tests may build concurrently).
 exec 9>"$CACHE/.lock"
@@ -44,6 +50,10 @@ KTREE="$CACHE/$(basename "$DEB" .deb).x"
 if [ ! -d "$KTREE/boot" ]; then
   rm -rf "$KTREE.tmp"; dpkg -x "$DEB" "$KTREE.tmp"; mv "$KTREE.tmp" "$KTREE"
 fi
+# KILN_ENV_KERNEL_ONLY=1: fetch and unpack the kernel .deb (cached), print its unpacked tree and stop
+# (deploy/lab/labos builds the lab OS from the same kernel).
+if [ "${KILN_ENV_KERNEL_ONLY:-}" = 1 ]; then echo "$KTREE"; exit 0; fi
+mkdir -p "$OUT"
 KVER=$(ls "$KTREE/lib/modules" | head -1)
 MODDIR="$KTREE/lib/modules/$KVER"
 
@@ -54,12 +64,21 @@ cp /bin/busybox "$R/bin/busybox"
 ln -s busybox "$R/bin/sh"
 (cd "$ROOT" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags=-buildid= -o "$R/bin/kiln-agent" ./cmd/kiln-agent)
 install -m 0755 "$ROOT/deploy/env/init" "$R/init"
+# Each program at /sbin/NAME, each library at the path ldd names (the dynamic loader included).
+for p in $WANT_PROGRAMS; do
+  [ -x "$p" ] || { echo "build.sh: $p missing (deploy/scripts/install-deps.sh)" >&2; exit 1; }
+  install -D -m 0755 "$p" "$R/sbin/$(basename "$p")"
+  for lib in $(ldd "$p" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+    install -D -m 0755 "$(readlink -f "$lib")" "$R$lib"
+  done
+done
+install -D -m 0644 /etc/mke2fs.conf "$R/etc/mke2fs.conf"
 install -m 0755 "$ROOT/deploy/env/udhcpc.script" "$R/bin/udhcpc.script"
 
 # Modules with their dependencies, in load order (dependencies first). Built-in ones are skipped.
 order=""
 resolve() {
-  local m=$1 f deps d
+  local m=${1//-/_} f deps d                        # dm-mod and dm_mod are one module
   f=$(find "$MODDIR" -name "$m.ko" -o -name "${m//_/-}.ko" | head -1)
   [ -n "$f" ] || return 0                         # built in (modules.builtin) or not built
   deps=$(/sbin/modinfo -F depends "$f" | tr ',' ' ')

@@ -46,6 +46,8 @@ var rules = []rule{
 	{folder: "cmd", may: []string{"cmd/...", "appliance/...", "api/..."}, tests: append([]string{"store/..."}, lab...)},
 	// The in-RAM agent shares only the agent API's wire types with Kiln.
 	{folder: "cmd/kiln-agent", may: []string{"cmd/kiln-agent/...", "api/agentapi"}, tests: lab},
+	// The first-boot reporter runs in the installed OS: the same, the wire types only.
+	{folder: "cmd/kiln-firstboot", may: []string{"cmd/kiln-firstboot/...", "api/agentapi"}, tests: lab},
 
 	// deploy: how a site installs and tests Kiln. Its lab harnesses and
 	// scripts import nothing of Kiln's outside deploy; their tests may drive
@@ -59,6 +61,9 @@ var rules = []rule{
 	// partition's size and layout), which imports only api/agentapi.
 	{folder: "deploy/lab/e2e", may: []string{"deploy/lab/...", "api/...", "cmd/kiln-agent/agent"}},
 	{folder: "deploy/lab/demo", may: []string{"deploy/lab/..."}},
+	// The lab OS builder's boot test receives the first-boot report: it decodes
+	// the agent API's wire type, as Kiln does.
+	{folder: "deploy/lab/labos", may: []string{"deploy/lab/..."}, tests: []string{"api/agentapi"}},
 	// The fleet simulator speaks the agent API as the in-RAM agent does, so
 	// it shares the agent's wire types; everything else of Kiln it reaches
 	// from outside (the built bin/kiln, the REST API as plain HTTP).

@@ -44,8 +44,9 @@ import (
 
 // guest lists what runs inside the in-RAM environment, not on the host:
 // files (relative to the root), or directories whose non-test Go code is guest code.
-var guestFiles = set("deploy/env/init", "deploy/env/udhcpc.script")
-var guestGoDirs = []string{"cmd/kiln-agent"}
+var guestFiles = set("deploy/env/init", "deploy/env/udhcpc.script",
+	"deploy/lab/labos/files/initramfs-init", "deploy/lab/labos/files/root-init", "deploy/lab/labos/files/udhcpc.script")
+var guestGoDirs = []string{"cmd/kiln-agent", "cmd/kiln-firstboot"}
 
 // goTools come with the Go toolchain, not a Debian package.
 var goTools = set("go", "gofmt")
