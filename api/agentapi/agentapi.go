@@ -40,6 +40,7 @@ const (
 	StepFinalize = "finalize"
 	StepReboot   = "reboot"
 	StepErase    = "erase"
+	StepBurnIn   = "burn_in" // issue 17: part of inspection, before available (burnin.go)
 )
 
 // State is the closed set of step states.
@@ -71,12 +72,18 @@ const (
 	ReasonEraseFailed      Reason = "erase_failed"
 	ReasonTimeout          Reason = "timeout"
 	ReasonInternal         Reason = "internal_error"
+	// Burn-in failures (issue 17, burnin.go): the machine is quarantined.
+	ReasonBurnInCPU    Reason = "burnin_cpu_failed"
+	ReasonBurnInMemory Reason = "burnin_memory_failed"
+	ReasonBurnInDisk   Reason = "burnin_disk_failed"
+	ReasonBurnInNIC    Reason = "burnin_nic_failed"
 )
 
 // Reasons lists every non-empty Reason.
 var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
-	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal}
+	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
+	ReasonBurnInCPU, ReasonBurnInMemory, ReasonBurnInDisk, ReasonBurnInNIC}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
 const MaxMessageLen = 512
@@ -129,7 +136,8 @@ const (
 	// ActionInspect: send the inventory. In answer to a registration (which has just sent
 	// it) the inspection is done: wait. In answer to a poll, the running agent inspects
 	// again: step inspect started, the inventory collected anew and sent with POST
-	// /v1/agent/register, whose answer is the next task.
+	// /v1/agent/register, whose answer is the next task. An inspect task with BurnIn set
+	// (issue 17) instead runs step burn_in on the inventory already sent (burnin.go).
 	ActionInspect   Action = "inspect"
 	ActionProvision Action = "provision" // run the gated build
 	ActionErase     Action = "erase"
@@ -191,7 +199,8 @@ type Task struct {
 	// appliance or one that does not send them.
 	Endpoints []string `json:"endpoints,omitempty"`
 	// ErasePolicy tunes an erase task; nil = the defaults documented on ErasePolicy.
-	ErasePolicy *ErasePolicy `json:"erase_policy,omitempty"`
+	ErasePolicy *ErasePolicy  `json:"erase_policy,omitempty"`
+	BurnIn      *BurnInPolicy `json:"burn_in,omitempty"` // issue 17: an inspect task with it runs step burn_in (burnin.go)
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
@@ -294,5 +303,6 @@ type Report struct {
 	// Erase holds, on the erase step's succeeded or failed report, one certificate per
 	// disk of the machine (skipped ones included); the appliance records each as an
 	// "erase_certificate" event.
-	Erase []DiskErase `json:"erase,omitempty"`
+	Erase  []DiskErase   `json:"erase,omitempty"`
+	BurnIn *BurnInReport `json:"burn_in,omitempty"` // issue 17: on step burn_in's succeeded or failed report
 }
