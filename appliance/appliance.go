@@ -173,6 +173,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		AgentEndpoints:     agentEndpoints,
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
 		Remediation:        cfg.Remediation.lifecycle(),
+		BurnIn:             cfg.BurnIn.lifecycle(),
+		StepDeadlines:      cfg.BurnIn.stepDeadlines(),
 		Health:             healthFor(bmcA),
 		Sealer:             SealerFor(sealer),
 		Catalog:            CatalogFor(catalog),

@@ -60,6 +60,9 @@ type Config struct {
 	// Remediation is day 2: health, the repair ladder, drain, spares and
 	// the brake (remediation_config.go).
 	Remediation RemediationConfig `yaml:"remediation"`
+	// BurnIn is the burn-in policy per hardware model (issue 17,
+	// burnin_config.go).
+	BurnIn BurnInConfig `yaml:"burn_in"`
 }
 
 // StoreConfig tunes the replicated store.
@@ -451,6 +454,12 @@ func (c *Config) validateValues() error {
 		return errors.New("config: lifecycle.min_read_mbps must not be negative")
 	}
 	if err := lifecycle.CheckRemediation(c.Remediation.lifecycle()); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if c.BurnIn.Deadline < 0 {
+		return fmt.Errorf("config: burn_in.deadline %s: must not be negative", c.BurnIn.Deadline)
+	}
+	if err := lifecycle.CheckBurnIn(c.BurnIn.lifecycle(), c.BurnIn.Deadline); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	for i, s := range c.Boot.DHCP.Subnets {
