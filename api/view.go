@@ -64,6 +64,8 @@ type Machine struct {
 	Health      []store.HealthCondition `json:"health,omitempty"`
 	Remediation *Remediation            `json:"remediation,omitempty"`
 	Drain       *store.Drain            `json:"drain,omitempty"`
+	// BurnIn is the last burn-in's result (issue 17; appliance/lifecycle/DESIGN.md "Burn-in").
+	BurnIn *store.BurnInRecord `json:"burn_in,omitempty"`
 }
 
 // Remediation is the wire form of the ladder's record: the store's,
@@ -194,6 +196,7 @@ func machineView(m store.Machine, r Role) Machine {
 		BootMode: m.BootMode, IPv4: m.IPv4, BootOverride: m.BootOverride, Netboot: m.Netboot,
 		RootDisk: m.RootDisk, Wipe: m.Wipe, BMC: m.BMC, Claim: claimView(m.Claim, r), Step: m.Step,
 		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
+		BurnIn: m.BurnIn,
 	}
 }
 
