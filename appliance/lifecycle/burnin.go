@@ -186,8 +186,9 @@ func (p *BurnInPolicy) validate(key string, deadline time.Duration) error {
 }
 
 // maxTime is the longest the policy's tests may take together (the agent
-// runs each at least a second; the disk and memory tests stop at their
-// time and verify what they wrote, hence twice theirs).
+// runs each at least a second; the memory test stops at its time and
+// verifies what it wrote, hence twice its time; the disk test then also
+// zeroes what it wrote, three times).
 func (p *BurnInPolicy) maxTime() time.Duration {
 	var d time.Duration
 	for _, t := range p.Tests {
@@ -197,7 +198,7 @@ func (p *BurnInPolicy) maxTime() time.Duration {
 		case agentapi.BurnInMemory:
 			d += 2 * max(p.MemoryTime, time.Second)
 		case agentapi.BurnInDisk:
-			d += 2 * max(p.DiskTime, time.Second)
+			d += 3 * max(p.DiskTime, time.Second)
 		case agentapi.BurnInNIC:
 			d += p.NICWait
 		}

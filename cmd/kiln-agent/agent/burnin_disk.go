@@ -73,8 +73,9 @@ func diskFill(buf []byte, off int64, key uint64) {
 // DiskBurnIn writes the keyed pattern over regions evenly spread on path
 // (O_DIRECT, regionBytes each, at most n of them; see diskRegions), syncs,
 // reads every region back (O_DIRECT: from the device, not the page cache)
-// and compares. It stops at the first I/O error or mismatch, or when d has
-// passed (what was written is still read back). The caller has checked
+// and compares, then zeroes the regions again. It stops at the first I/O
+// error or mismatch, or when d has passed (what was written is still read
+// back). The caller has checked
 // that the disk holds nothing to keep. afterWrite, when set (tests: a fault
 // injected into the medium), runs between the sync and the read-back.
 func DiskBurnIn(ctx context.Context, path string, regionBytes int64, n int, d time.Duration, key uint64, afterWrite func(offs []int64), progress func(float64)) diskResult {
@@ -151,6 +152,20 @@ func DiskBurnIn(ctx context.Context, path string, regionBytes int64, n int, d ti
 			}
 		}
 		res.Regions++
+	}
+	// Leave the regions zeroed (what a new disk holds; the build's own checks
+	// expect zeros outside what it writes). A write failing here fails the test too.
+	clear(buf)
+	for _, off := range offs[:written] {
+		for o := off; o < off+regionBytes; o += diskIOSize {
+			if k, err := f.WriteAt(buf, o); err != nil || k != len(buf) {
+				res.Err = fmt.Errorf("zero %s at offset %d: %d of %d bytes: %v", path, o, k, len(buf), err)
+				return res
+			}
+		}
+	}
+	if err := f.Sync(); err != nil {
+		res.Err = fmt.Errorf("sync %s: %v", path, err)
 	}
 	return res
 }

@@ -37,6 +37,9 @@ func TestDiskBurnInLoop(t *testing.T) {
 	if r.Err != nil || r.Bytes != 8<<20 || r.Regions != 4 {
 		t.Fatalf("healthy loop: %+v", r)
 	}
+	if b, err := os.ReadFile(file); err != nil || strings.Trim(string(b), "\x00") != "" {
+		t.Fatalf("after a passing test the disk is not zeroed again (%v)", err)
+	}
 	var corrupted int64
 	r = DiskBurnIn(context.Background(), dev, 2<<20, 4, time.Minute, 8, func(offs []int64) {
 		corrupted = offs[2] + 5*4096
