@@ -273,3 +273,22 @@ func (s *Server) bodyMachine(p principal, bodyID string) error {
 	}
 	return nil
 }
+
+// Authenticate looks a static token up in the server's token table, as the
+// bearer middleware does, and returns its name and role (ok false for an
+// unknown token, counted as a refused bearer). The web UI (api/ui) signs a
+// token in with it and checks it again on every request, so a session
+// carries exactly the roles of the API and ends when its token is removed
+// from the configuration.
+func (s *Server) Authenticate(token string) (name string, role Role, ok bool) {
+	sp, ok := s.tokens.lookup(token)
+	if !ok {
+		s.m.authFailures.WithLabelValues("unknown").Inc()
+		return "", "", false
+	}
+	return sp.Name, sp.Role, true
+}
+
+// Allows reports whether role r may use a route that needs role need (the
+// order viewer < operator < admin; agent apart), the rule of every route.
+func (r Role) Allows(need Role) bool { return r.allows(need) }

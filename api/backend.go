@@ -72,6 +72,9 @@ type Backend interface {
 	// declared digest and a mismatch is an error.
 	UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error)
 	DeleteImage(ctx context.Context, id string, w store.W) error
+	// SetManifest makes image id a release (issue 15): layers pinned by
+	// SHA-256, base first, and the kubeadm version it carries.
+	SetManifest(ctx context.Context, id string, layers []store.Layer, kubeadm string, w store.W) (store.Image, error)
 
 	// Day 2 (issue 14; remediation.go): health, drain, power, maintenance,
 	// retire, rma, reprovision, the remediation status and the brake.
@@ -84,6 +87,12 @@ type Backend interface {
 	// VerifyAgentToken reports whether token is the current per-boot agent
 	// token of machineID.
 	VerifyAgentToken(machineID, token string) bool
+	// Issue 15: the secret files of the per-node layer (behind the
+	// credential gate), and the installed OS's first-boot report with its
+	// token check.
+	AgentCredentials(ctx context.Context, machineID string) (agentapi.Credentials, error)
+	VerifyFirstBootToken(machineID, token string) bool
+	FirstBoot(ctx context.Context, machineID string, rep agentapi.FirstBootReport) (store.Machine, error)
 }
 
 // Health is the appliance's view of itself, served by /readyz and

@@ -37,6 +37,11 @@
 //	GET    /v1/leases[?consistent=true]                         viewer (this node's replica, one per address)
 //	POST   /v1/agent/register, GET /v1/agent/task, POST /v1/agent/report   agent
 //
+// Beside the routes, Server.Mount serves other handlers on the same
+// listener: the appliance mounts the web UI (package api/ui) at /ui/ and
+// redirects GET / to it. The UI signs a token in with Server.Authenticate
+// and calls these routes in process (Server.LocalHandler) with it.
+//
 // Errors are {"error":{"code":"...","message":"...","field":"..."}} with the
 // codes listed as Code* constants: store.ErrNotFound → 404 not_found,
 // store.ErrConflict → 409 conflict, *store.IllegalTransitionError → 409

@@ -96,3 +96,20 @@ func (s *Server) deleteImage(c echo.Context) error {
 	}
 	return c.NoContent(http.StatusNoContent)
 }
+
+// putManifest makes image {id} a release (ManifestRequest): the field
+// rules are rules.CheckManifest's, the layer images' the lifecycle's
+// (SetManifest). 200 with the image; the same manifest again is 200
+// unchanged, another one 409.
+func (s *Server) putManifest(c echo.Context) error {
+	var req ManifestRequest
+	if err := decodeJSON(c, s.cfg.MaxJSONBytes, &req, false); err != nil {
+		return err
+	}
+	im, err := s.b.SetManifest(c.Request().Context(), c.Param("id"), storeLayers(req.Layers), req.KubeadmVersion,
+		s.w(c, req.Reason, ""))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, imageView(im))
+}

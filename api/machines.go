@@ -129,6 +129,7 @@ func (s *Server) provision(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	weakTokenWarning(c, m)
 	return c.JSON(http.StatusAccepted, machineView(m, who(c).Role))
 }
 
@@ -155,6 +156,9 @@ func (s *Server) claimMachines(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if len(ms) > 0 {
+		weakTokenWarning(c, ms[0])
+	}
 	return c.JSON(http.StatusAccepted, ClaimResponse{Items: machineViews(ms, who(c).Role)})
 }
 
@@ -179,3 +183,12 @@ func (s *Server) release(c echo.Context) error { return s.action(c, s.b.Release)
 func (s *Server) erase(c echo.Context) error { return s.action(c, s.b.Erase) }
 
 func (s *Server) inspect(c echo.Context) error { return s.action(c, s.b.Inspect) }
+
+// weakTokenWarning sets an HTTP Warning (RFC 9111 §5.5, code 299) when the
+// claim's cluster token was accepted below ~128 bits of estimated entropy
+// (issue 15; rules.TokenBits). The answer's cluster.token_weak says the same.
+func weakTokenWarning(c echo.Context, m store.Machine) {
+	if m.Claim != nil && m.Claim.Cluster != nil && m.Claim.Cluster.TokenWeak {
+		c.Response().Header().Set("Warning", `299 kiln "cluster_token: accepted, but its estimated entropy is below 128 bits; use a random token"`)
+	}
+}

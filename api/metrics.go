@@ -33,7 +33,7 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 		}, []string{"method", "route"}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kiln_api_auth_failures_total",
-			Help: "Requests refused by authentication or authorisation, by reason (missing, unknown, role, agent_machine, agent_unverified).",
+			Help: "Requests refused by authentication or authorisation, by reason (missing, unknown, role, agent_machine, agent_unverified, first_boot).",
 		}, []string{"reason"}),
 		uploadBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kiln_api_image_upload_bytes_total",
@@ -45,7 +45,7 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 			return nil, err
 		}
 	}
-	for _, r := range []string{"missing", "unknown", "role", "agent_machine", "agent_unverified"} {
+	for _, r := range []string{"missing", "unknown", "role", "agent_machine", "agent_unverified", "first_boot"} {
 		m.authFailures.WithLabelValues(r)
 	}
 	return m, nil

@@ -87,6 +87,7 @@ var docOps = []docOp{
 	{Method: "POST", Path: "/v1/images", Summary: "Upload an image (streamed body, declared sha256)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, Resp: Image{}},
 	{Method: "GET", Path: "/v1/images/{id}", Summary: "Get an image", Role: RoleViewer, Status: 200, Resp: Image{}},
 	{Method: "PUT", Path: "/v1/images/{id}", Summary: "Upload an image under a chosen ID: 201 when new; 200 with the stored image, the body unread, when that ID already holds the same name, version, format and sha256 (idempotent); 409 when it holds other content (images are immutable)", Role: RoleAdmin, Query: pImageQuery, RawBody: "application/octet-stream", Status: 201, AlsoStatus: 200, Resp: Image{}},
+	{Method: "PUT", Path: "/v1/images/{id}/manifest", Summary: "Make the image a release (issue 15): layers pinned by SHA-256 (the base layer is the image itself; every other layer a raw catalog image) and the kubeadm version it carries; the same manifest again is 200 unchanged, another one 409 (manifests are immutable)", Role: RoleAdmin, Body: ManifestRequest{}, Status: 200, Resp: Image{}},
 	{Method: "DELETE", Path: "/v1/images/{id}", Summary: "Delete an image (409 image_in_use while a machine's claim names it; release the machine first)", Role: RoleAdmin, Status: 204},
 
 	{Method: "GET", Path: "/v1/jobs", Summary: "List jobs", Role: RoleViewer, Query: []docParam{{Name: "machine", Type: "string", Desc: "only jobs of this machine"}}, Status: 200, Resp: JobList{}},
@@ -99,6 +100,8 @@ var docOps = []docOp{
 	{Method: "POST", Path: "/v1/agent/register", Summary: "Agent: register with inventory, get a task", Role: RoleAgent, Body: agentapi.Registration{}, Status: 200, Resp: agentapi.Task{}},
 	{Method: "GET", Path: "/v1/agent/task", Summary: "Agent: poll for the next task (X-Kiln-Machine header)", Role: RoleAgent, Status: 200, Resp: agentapi.Task{}},
 	{Method: "POST", Path: "/v1/agent/report", Summary: "Agent: report a step", Role: RoleAgent, Body: agentapi.Report{}, Status: 204},
+	{Method: "GET", Path: "/v1/agent/credentials", Summary: "Agent: the secret files of a release build's per-node layer (first-boot token, kubeadm configuration with the cluster token, cluster CA); 403 credentials_refused outside a release build or when the credential gate refuses", Role: RoleAgent, Status: 200, Resp: agentapi.Credentials{}},
+	{Method: "POST", Path: "/v1/agent/firstboot", Summary: "Installed OS: the one first-boot report (bearer = the first-boot token of /etc/kiln/firstboot.json; any node accepts it); provisioned is recorded from it", Role: RoleAgent, Body: agentapi.FirstBootReport{}, Status: 204},
 }
 
 // schemaGen turns Go types into OpenAPI schemas under components/schemas.

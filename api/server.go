@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -148,7 +149,8 @@ type Server struct {
 	m      *metrics
 	tokens *tokenTable
 	e      *echo.Echo
-	h      http.Handler // e behind guardBodies
+	h      http.Handler // dispatch behind guardBodies
+	mounts []mount      // handlers beside the API (Mount), fixed before serving
 	doc    []byte       // the OpenAPI document, rendered once
 }
 
@@ -182,10 +184,55 @@ func New(cfg Config, b Backend, reg *prometheus.Registry, log *slog.Logger) (*Se
 	e.Use(m.middleware)
 	e.Use(s.recoverPanics)
 	s.e = e
-	s.h = s.guardBodies(e)
+	s.h = s.guardBodies(http.HandlerFunc(s.dispatch))
 	s.routes()
 	return s, nil
 }
+
+// mount is one handler served beside the API under a path prefix.
+type mount struct {
+	prefix string
+	h      http.Handler
+}
+
+// Mount serves h for every request whose path starts with prefix (which
+// ends in "/"; the prefix without its slash is redirected to it), on the
+// API's listener and behind the same body guards; the appliance mounts the
+// web UI (api/ui) at "/ui/". When root is true, GET / is redirected to the
+// prefix too. Call it before Serve or Run.
+func (s *Server) Mount(prefix string, h http.Handler, root bool) {
+	s.mounts = append(s.mounts, mount{prefix: prefix, h: h})
+	if root {
+		s.mounts = append(s.mounts, mount{prefix: "", h: http.RedirectHandler(prefix, http.StatusFound)})
+	}
+}
+
+// dispatch sends a request to a mounted handler or to the API.
+func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	for _, m := range s.mounts {
+		switch {
+		case m.prefix == "" && p == "/":
+			m.h.ServeHTTP(w, r)
+			return
+		case m.prefix == "":
+		case strings.HasPrefix(p, m.prefix):
+			m.h.ServeHTTP(w, r)
+			return
+		case p+"/" == m.prefix:
+			http.Redirect(w, r, m.prefix, http.StatusFound)
+			return
+		}
+	}
+	s.e.ServeHTTP(w, r)
+}
+
+// LocalHandler is the API's routes without the body guards or the mounts,
+// for an in-process caller whose request bodies are already in memory (the
+// web UI calls the API through it with the signed-in token, so its every
+// read and action takes the same route, role check and audit as a remote
+// client's).
+func (s *Server) LocalHandler() http.Handler { return s.e }
 
 // Handler returns the API as an http.Handler (for httptest or mounting, as
 // the appliance mounts /v1/agent/ on the boot listener). Request bodies are
@@ -299,6 +346,7 @@ func (s *Server) routes() {
 	e.GET("/v1/images/:id", s.getImage, view)
 	e.PUT("/v1/images/:id", s.uploadImage, admin)
 	e.DELETE("/v1/images/:id", s.deleteImage, admin)
+	e.PUT("/v1/images/:id/manifest", s.putManifest, admin)
 
 	e.GET("/v1/jobs", s.listJobs, view)
 	e.GET("/v1/jobs/:id", s.getJob, view)
@@ -308,6 +356,8 @@ func (s *Server) routes() {
 	e.POST("/v1/agent/register", s.agentRegister)
 	e.GET("/v1/agent/task", s.agentTask)
 	e.POST("/v1/agent/report", s.agentReport)
+	e.GET("/v1/agent/credentials", s.agentCredentials)
+	e.POST("/v1/agent/firstboot", s.agentFirstBoot)
 
 	s.clusterRoutes(admin, view)         // cluster.go
 	s.backupRoutes(admin)                // backup.go

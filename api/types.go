@@ -108,6 +108,14 @@ type ActionRequest struct {
 	Message string `json:"message,omitempty"`
 }
 
+// ManifestRequest is PUT /v1/images/{id}/manifest: make the image a
+// release. Layers start with the base layer; KubeadmVersion is required.
+type ManifestRequest struct {
+	KubeadmVersion string  `json:"kubeadm_version"`
+	Layers         []Layer `json:"layers"`
+	Reason         string  `json:"reason,omitempty"`
+}
+
 // ProvisionRequest is POST /v1/machines/{id}/provision. Claim.Image is required.
 type ProvisionRequest struct {
 	Claim  Claim  `json:"claim"`

@@ -64,6 +64,9 @@ type Machine struct {
 	Health      []store.HealthCondition `json:"health,omitempty"`
 	Remediation *Remediation            `json:"remediation,omitempty"`
 	Drain       *store.Drain            `json:"drain,omitempty"`
+
+	// Build is the release build's record (issue 15).
+	Build *Build `json:"build,omitempty"`
 	// BurnIn is the last burn-in's result (issue 17; appliance/lifecycle/DESIGN.md "Burn-in").
 	BurnIn *store.BurnInRecord `json:"burn_in,omitempty"`
 }
@@ -109,6 +112,52 @@ type Claim struct {
 	// the failed machine whose claim this spare took.
 	Selector map[string]string `json:"selector,omitempty"`
 	Replaces string            `json:"replaces,omitempty"`
+	// Cluster is the cluster block (issue 15): its token is write-only.
+	Cluster *ClusterBlock `json:"cluster,omitempty"`
+}
+
+// ClusterBlock is a claim's cluster block (the Kairos provider-kubernetes
+// fields): role init | control-plane | worker; control_plane_host (a bare
+// host gets :6443); kubernetesVersion pinned (it must equal the release's
+// kubeadm version, else the build fails at check: version_mismatch);
+// cluster_token (requests only, at least 16 characters: sealed with the
+// site key and never returned, logged or put in an event). Answers say
+// token_set and token_weak (accepted below ~128 bits of estimated entropy).
+type ClusterBlock struct {
+	Role              string `json:"role"`
+	ControlPlaneHost  string `json:"control_plane_host,omitempty"`
+	KubernetesVersion string `json:"kubernetesVersion"`
+	ClusterToken      string `json:"cluster_token,omitempty"`
+	TokenSet          bool   `json:"token_set,omitempty"`
+	TokenWeak         bool   `json:"token_weak,omitempty"`
+}
+
+// Build is the wire form of a machine's build record (issue 15): the
+// release, the layers chosen and skipped with their reasons and written
+// digests, the per-node layer hash, the SSH host key fingerprint and the
+// first-boot report. The first-boot token's digest is not shown.
+type Build struct {
+	Release               string                 `json:"release"`
+	KubeadmVersion        string                 `json:"kubeadm_version,omitempty"`
+	Attempt               int                    `json:"attempt,omitempty"`
+	Started               time.Time              `json:"started"`
+	Layers                []store.BuildLayer     `json:"layers"`
+	Skipped               []store.BuildLayer     `json:"skipped,omitempty"`
+	NodeLayerSHA256       string                 `json:"node_layer_sha256,omitempty"`
+	SSHHostKeyFingerprint string                 `json:"ssh_host_key_fingerprint,omitempty"`
+	Hostname              string                 `json:"hostname,omitempty"`
+	Built                 time.Time              `json:"built,omitempty"`
+	FirstBootDeadline     time.Time              `json:"first_boot_deadline,omitempty"`
+	FirstBoot             *store.FirstBootRecord `json:"first_boot,omitempty"`
+}
+
+func buildView(b *store.BuildRecord) *Build {
+	if b == nil {
+		return nil
+	}
+	return &Build{Release: b.Release, KubeadmVersion: b.KubeadmVersion, Attempt: b.Attempt, Started: b.Started,
+		Layers: b.Layers, Skipped: b.Skipped, NodeLayerSHA256: b.NodeLayerSHA256, SSHHostKeyFingerprint: b.SSHHostKeyFingerprint,
+		Hostname: b.Hostname, Built: b.Built, FirstBootDeadline: b.FirstBootDeadline, FirstBoot: b.FirstBoot}
 }
 
 // Site is one data-center hall served by one Kiln cluster.
@@ -137,6 +186,30 @@ type Image struct {
 	Size    uint64 `json:"size_bytes"`
 	Format  string `json:"format"` // raw | gzip | zstd
 	Source  string `json:"source"` // URL or path it came from
+	// Layers and KubeadmVersion are the release manifest (issue 15;
+	// PUT /v1/images/{id}/manifest): absent for a plain image.
+	Layers         []Layer `json:"layers,omitempty"`
+	KubeadmVersion string  `json:"kubeadm_version,omitempty"`
+}
+
+// Layer is one layer of a release manifest. Name is 1..32 of [a-z0-9-];
+// the first layer is "base" (the image's own file, when "always"). Image
+// is the catalog image holding the layer (its file is served at
+// /images/{name} on every node); SHA256 (hex) and Size (bytes) pin it.
+// When is the selection rule: always | role:control-plane | pci:10de/03
+// (an NVIDIA display/3D device) | cpu:vmx|svm (hardware virtualization).
+// PartName (answers only) is the GPT partition the agent writes it to.
+// VerityRootHash (hex) and VerityHashOffset (bytes) locate the layer's
+// dm-verity tree.
+type Layer struct {
+	Name             string `json:"name"`
+	Image            string `json:"image,omitempty"`
+	SHA256           string `json:"sha256,omitempty"`
+	Size             uint64 `json:"size_bytes,omitempty"`
+	When             string `json:"when"`
+	PartName         string `json:"part_name,omitempty"`
+	VerityRootHash   string `json:"verity_root_hash,omitempty"`
+	VerityHashOffset uint64 `json:"verity_hash_offset,omitempty"`
 }
 
 // Job is one BMC or lifecycle action with its state.
@@ -196,6 +269,7 @@ func machineView(m store.Machine, r Role) Machine {
 		BootMode: m.BootMode, IPv4: m.IPv4, BootOverride: m.BootOverride, Netboot: m.Netboot,
 		RootDisk: m.RootDisk, Wipe: m.Wipe, BMC: m.BMC, Claim: claimView(m.Claim, r), Step: m.Step,
 		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
+		Build:  buildView(m.Build),
 		BurnIn: m.BurnIn,
 	}
 }
@@ -228,6 +302,11 @@ func claimView(c *store.Claim, r Role) *Claim {
 	if seesBootstrap(r) {
 		out.UserData, out.JoinData = c.UserData, c.JoinData
 	}
+	if cc := c.Cluster; cc != nil {
+		// The token is never in a view, whatever the role (it is not in the record either).
+		out.Cluster = &ClusterBlock{Role: cc.Role, ControlPlaneHost: cc.ControlPlaneHost, KubernetesVersion: cc.KubernetesVersion,
+			TokenSet: cc.TokenRef != "", TokenWeak: cc.TokenWeak}
+	}
 	return out
 }
 
@@ -235,7 +314,17 @@ func claimView(c *store.Claim, r Role) *Claim {
 func storeClaim(c Claim) store.Claim {
 	return store.Claim{Image: c.Image, Role: c.Role, Hostname: c.Hostname, UserData: c.UserData,
 		NetworkConfig: c.NetworkConfig, SSHKeys: c.SSHKeys, CABundle: c.CABundle, JoinData: c.JoinData, Labels: c.Labels,
-		DrainWebhook: c.DrainWebhook}
+		DrainWebhook: c.DrainWebhook, Cluster: storeCluster(c.Cluster)}
+}
+
+// storeCluster is a request's cluster block as the domain takes it: the
+// token travels in memory only (store.ClusterSpec.Token is never encoded).
+func storeCluster(b *ClusterBlock) *store.ClusterSpec {
+	if b == nil {
+		return nil
+	}
+	return &store.ClusterSpec{Role: b.Role, ControlPlaneHost: b.ControlPlaneHost, KubernetesVersion: b.KubernetesVersion,
+		Token: b.ClusterToken}
 }
 
 func siteView(s store.Site) Site {
@@ -247,8 +336,21 @@ func rackView(r store.Rack) Rack {
 }
 
 func imageView(im store.Image) Image {
-	return Image{Meta: metaView(im.Meta), Name: im.Name, Version: im.Version, SHA256: im.SHA256, Size: im.Size,
-		Format: im.Format, Source: im.Source}
+	out := Image{Meta: metaView(im.Meta), Name: im.Name, Version: im.Version, SHA256: im.SHA256, Size: im.Size,
+		Format: im.Format, Source: im.Source, KubeadmVersion: im.KubeadmVersion}
+	for _, l := range im.Layers {
+		out.Layers = append(out.Layers, Layer(l))
+	}
+	return out
+}
+
+// storeLayers is the manifest of a request as the domain takes it.
+func storeLayers(ls []Layer) []store.Layer {
+	out := make([]store.Layer, len(ls))
+	for i, l := range ls {
+		out[i] = store.Layer(l)
+	}
+	return out
 }
 
 func jobView(j store.Job) Job {

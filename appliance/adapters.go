@@ -122,6 +122,9 @@ type sealerAdapter struct{ s *bmc.Sealer }
 
 func (a sealerAdapter) Seal(plain []byte) ([]byte, error) { return a.s.Seal(plain), nil }
 
+// Open is lifecycle.Opener (issue 15: cluster and first-boot tokens).
+func (a sealerAdapter) Open(sealed []byte) ([]byte, error) { return a.s.Open(sealed) }
+
 type catalogAdapter struct{ c *httpboot.Catalog }
 
 func (a catalogAdapter) Upload(ctx context.Context, name string, r io.Reader, want string, size int64) (lifecycle.CatalogEntry, error) {

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"kiln/api"
+	"kiln/api/ui"
 	"kiln/appliance/lifecycle"
 	"kiln/bmc"
 	"kiln/dhcp"
@@ -172,6 +173,7 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		AgentPollAfter:     cfg.Lifecycle.AgentPollAfter,
 		AgentEndpoints:     agentEndpoints,
 		RebootTimeout:      cfg.Lifecycle.RebootTimeout,
+		FirstBootTimeout:   cfg.Lifecycle.FirstBootTimeout,
 		Remediation:        cfg.Remediation.lifecycle(),
 		BurnIn:             cfg.BurnIn.lifecycle(),
 		StepDeadlines:      cfg.BurnIn.stepDeadlines(),
@@ -211,6 +213,14 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		return nil, err
 	}
 	a.api = apiSrv
+	if !cfg.API.UI.Disabled {
+		webUI, err := ui.New(ui.Config{API: apiSrv, Keys: siteK.keyring, SessionTTL: cfg.API.UI.SessionTTL,
+			Secure: cfg.API.TLSCert != ""}, log)
+		if err != nil {
+			return nil, err
+		}
+		apiSrv.Mount(ui.Prefix, webUI, true)
+	}
 
 	a.boot, err = httpboot.New(httpboot.Config{
 		Addr:          cfg.Boot.HTTPAddr,
@@ -411,6 +421,7 @@ func ErrorClasses() []api.ErrorClass {
 		{Err: lifecycle.ErrNotEnough, Status: http.StatusConflict, Code: "not_enough_machines"},
 		{Err: lifecycle.ErrMachineMismatch, Status: http.StatusForbidden, Code: "machine_mismatch"},
 		{Err: lifecycle.ErrNoSealer, Status: http.StatusServiceUnavailable, Code: "no_sealer"},
+		{Err: lifecycle.ErrCredentialsRefused, Status: http.StatusForbidden, Code: "credentials_refused"},
 		{Err: lifecycle.ErrNoCatalog, Status: http.StatusServiceUnavailable, Code: "no_catalog"},
 		{Err: ErrNoBMC, Status: http.StatusConflict, Code: "no_bmc"},
 		// The catalog's upload errors are the client's: a body whose

@@ -104,6 +104,17 @@ type APIConfig struct {
 	Tokens          []TokenSpec   `yaml:"tokens"`
 	BodyIdleTimeout time.Duration `yaml:"body_idle_timeout"`
 	JSONBodyTimeout time.Duration `yaml:"json_body_timeout"`
+	// UI is the web UI served on this listener under /ui/ (api/ui).
+	UI UIConfig `yaml:"ui"`
+}
+
+// UIConfig is the web UI (api/ui, served under /ui/ on the API listener).
+// Disabled turns it off. SessionTTL is how long a sign-in lasts (0:
+// ui.DefaultSessionTTL, 8h); the session cookie is sealed with a key
+// derived from the site key, so every node accepts it.
+type UIConfig struct {
+	Disabled   bool          `yaml:"disabled"`
+	SessionTTL time.Duration `yaml:"session_ttl"`
 }
 
 // TokenSpec is an API token held as its SHA-256 (hex) with a role
@@ -223,6 +234,11 @@ type LifecycleConfig struct {
 	// (it boots its disk first) is recorded provisioned with reason
 	// reboot_unobserved. 0 = the lifecycle default (3 minutes).
 	RebootTimeout time.Duration `yaml:"reboot_timeout"`
+	// FirstBootTimeout (issue 15): a release build whose installed OS has
+	// not sent its first-boot report within this time of the build's
+	// completion is failed (reason first_boot_unreported). 0 = the
+	// lifecycle default (15 minutes).
+	FirstBootTimeout time.Duration `yaml:"first_boot_timeout"`
 }
 
 // DefaultConfig is the embedded default: a single self-bootstrapping node.
@@ -433,8 +449,10 @@ func (c *Config) validateValues() error {
 	}{
 		{"bmc.timeout", c.BMC.Timeout}, {"lifecycle.step_timeout", c.Lifecycle.StepTimeout},
 		{"api.body_idle_timeout", c.API.BodyIdleTimeout}, {"api.json_body_timeout", c.API.JSONBodyTimeout},
+		{"api.ui.session_ttl", c.API.UI.SessionTTL},
 		{"lifecycle.boot_timeout", c.Lifecycle.BootTimeout}, {"lifecycle.agent_poll_after", c.Lifecycle.AgentPollAfter},
 		{"lifecycle.reboot_timeout", c.Lifecycle.RebootTimeout}, {"raft.join_timeout", c.Raft.JoinTimeout},
+		{"lifecycle.first_boot_timeout", c.Lifecycle.FirstBootTimeout},
 		{"raft.cert_lifetime", c.Raft.CertLifetime},
 	} {
 		if d.v < 0 {

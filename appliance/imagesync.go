@@ -54,6 +54,12 @@ import (
 // delete does it when it comes back. Tombstones are kept (one small record
 // per delete).
 //
+// Releases (issue 15): every layer of a release manifest other than its
+// base is an image record of its own (store.Layer.Image), so its file is
+// replicated, checked and removed by exactly the rules above, and a build
+// of the release waits on a node until that node holds every layer's file
+// (lifecycle imageHere).
+//
 // Presence: a node holds an image when its catalog file is the recorded
 // content (checked as above; raw files by the catalog's cached digest). It
 // answers GET /peer/images with the IDs it holds, and ImagePresence asks

@@ -49,6 +49,18 @@ func newSiteKeys(path string, keys [][]byte, log *slog.Logger) (*siteKeys, error
 	return &siteKeys{path: path, sealer: s, keys: keys, log: log.With("component", "site_key")}, nil
 }
 
+// keyring returns a copy of the site keys, primary first (the web UI
+// derives its session cookie key from them, api/ui).
+func (k *siteKeys) keyring() [][]byte {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([][]byte, len(k.keys))
+	for i, key := range k.keys {
+		out[i] = append([]byte(nil), key...)
+	}
+	return out
+}
+
 // joinSecrets is what a node admitted to the cluster receives.
 func (k *siteKeys) joinSecrets() (map[string][]byte, error) {
 	k.mu.Lock()

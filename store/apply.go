@@ -171,11 +171,16 @@ func apply(tx *bbolt.Tx, ix *idxTx, index uint64, c *command) (vals []json.RawMe
 		one(c.BMC)(putSimple(a, bBMCs, "bmc", c.BMC))
 	case CmdPutSecret:
 		err = putSecret(a, c.Key, c.Sealed)
-	case CmdPutImage:
+	case CmdPutImage, CmdPutImageV2:
 		if c.Image == nil {
-			return nil, nil, 0, fmt.Errorf("%w: put_image without image", ErrBadCommand)
+			return nil, nil, 0, fmt.Errorf("%w: %s without image", ErrBadCommand, c.Type)
 		}
-		one(c.Image)(putSimple(a, bImages, "image", c.Image))
+		if c.Type == CmdPutImage {
+			err = keepManifest(a, c.Image)
+		}
+		if err == nil {
+			one(c.Image)(putSimple(a, bImages, "image", c.Image))
+		}
 	case CmdDeleteImage:
 		err = deleteSimple(a, bImages, "image", c.ID)
 	case CmdDeleteImageV2:

@@ -46,6 +46,7 @@ const (
 	CmdBindLeasesV2                      // 29: Leases; as 18, and a release ends only the binding whose Expiry it names, and a binding never shortens the same client's binding
 	CmdPutMachinesV4                     // 30: Machines; as 25, under transitionsV4 and keeping the round-3 fields (build, attestation, burn-in, firmware) as written
 	CmdAgentReportV2                     // 31: Events + Machines (exactly 1, CAS); as 17, under put_machines_v4's rules
+	CmdPutImageV2                        // 32: Image; as 7, keeping the release manifest (Layers, KubeadmVersion) as written (issue 15)
 	cmdEnd                               // sentinel: first unknown value
 )
 
@@ -60,7 +61,7 @@ var cmdNames = [...]string{"invalid", "put_site", "put_rack", "put_machines", "d
 	"append_events", "register_node", "remove_node", "put_machines_v2", "delete_image_v2",
 	"import_machines", "agent_report", "bind_leases", "put_join_token", "use_join_token", "remove_member",
 	"put_site_v2", "put_rack_v2", "trim_events", "put_machines_v3", "put_remediation", "renew_member", "delete_image_v3", "bind_leases_v2",
-	"put_machines_v4", "agent_report_v2"}
+	"put_machines_v4", "agent_report_v2", "put_image_v2"}
 
 func (t CommandType) String() string {
 	if t < cmdEnd {

@@ -166,6 +166,12 @@ type Hardware struct {
 	BMCAddress  string `json:"bmc_address,omitempty"`
 	BMCMAC      string `json:"bmc_mac,omitempty"`
 	Firmware    string `json:"firmware,omitempty"` // firmware floor (intended) or version (discovered)
+
+	// Issue 15 (discovered only, from the agent's inventory): what layer
+	// choice needs (appliance/lifecycle/layers.go).
+	PCI      []PCIDevice `json:"pci,omitempty"`
+	CPUFlags []string    `json:"cpu_flags,omitempty"`
+	TPM      *TPMInfo    `json:"tpm,omitempty"`
 }
 
 // FieldDiff is one difference between intended and discovered hardware.
@@ -207,6 +213,10 @@ type Claim struct {
 	DrainWebhook string `json:"drain_webhook,omitempty"`
 	// Replaces is the ID of the failed machine this claim was moved from (a spare).
 	Replaces string `json:"replaces,omitempty"`
+
+	// Issue 15 (kept only by put_machines_v4, command 30; keepV4Fields):
+	// the cluster block (store/release.go).
+	Cluster *ClusterSpec `json:"cluster,omitempty"`
 }
 
 // BootMode is the firmware mode a machine boots in.
@@ -491,6 +501,13 @@ type Image struct {
 	Size    uint64 `json:"size_bytes"`
 	Format  string `json:"format"` // raw | gzip | zstd
 	Source  string `json:"source"` // URL or path it came from
+
+	// Issue 15 (written only by put_image_v2, command 32; store/release.go):
+	// the release manifest. Layers, when set, start with the base layer
+	// (this image's own file); KubeadmVersion is the kubeadm the release
+	// carries ("v1.31.2"), which a claim's cluster.kubernetesVersion must equal.
+	Layers         []Layer `json:"layers,omitempty"`
+	KubeadmVersion string  `json:"kubeadm_version,omitempty"`
 }
 
 // ImageTombstone is the record of a deleted image (CmdDeleteImageV3) as it

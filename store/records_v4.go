@@ -28,10 +28,15 @@ var transitionsV4 = map[MachineState][]MachineState{
 	StateRetired:      {},
 }
 
-// UsesV4 reports whether m needs put_machines_v4: it holds a round-3 field.
+// UsesV4 reports whether m needs put_machines_v4: it holds a round-3 field
+// (or a claim with a cluster block, issue 15).
 func (m *Machine) UsesV4() bool {
-	return m.Build != nil || m.Attestation != nil || m.BurnIn != nil || m.Firmware != nil
+	return m.Build != nil || m.Attestation != nil || m.BurnIn != nil || m.Firmware != nil ||
+		(m.Claim != nil && m.Claim.Cluster != nil) || usesInspection(&m.Intended) ||
+		(m.Discovered != nil && usesInspection(m.Discovered))
 }
+
+func usesInspection(h *Hardware) bool { return len(h.PCI) > 0 || len(h.CPUFlags) > 0 || h.TPM != nil }
 
 // keepV4Fields is the rule of the machine commands before round 3: the
 // round-3 fields are what the stored record holds (old; nil on create),
@@ -41,4 +46,26 @@ func keepV4Fields(m, old *Machine) {
 		old = &Machine{}
 	}
 	m.Build, m.Attestation, m.BurnIn, m.Firmware = old.Build, old.Attestation, old.BurnIn, old.Firmware
+	if m.Claim != nil {
+		// Issue 15: the claim's cluster block.
+		var cl *ClusterSpec
+		if old.Claim != nil {
+			cl = old.Claim.Cluster
+		}
+		m.Claim.Cluster = cl
+	}
+	// Issue 15: the inspection fields layer choice reads.
+	keepInspection(&m.Intended, &old.Intended)
+	if m.Discovered != nil {
+		if old.Discovered == nil {
+			keepInspection(m.Discovered, &Hardware{})
+		} else {
+			keepInspection(m.Discovered, old.Discovered)
+		}
+	}
+}
+
+// keepInspection sets h's issue-15 inspection fields to old's.
+func keepInspection(h, old *Hardware) {
+	h.PCI, h.CPUFlags, h.TPM = old.PCI, old.CPUFlags, old.TPM
 }

@@ -133,7 +133,7 @@ func (s *Store) applyLocal(ctx context.Context, c *command) ([]json.RawMessage, 
 // upgradeCommand writes a machine command as the newest one every node
 // understands (check returns nil for a command type they all do):
 // put_machines_v2 and v3 as put_machines_v4, else v2 as v3; agent_report as
-// agent_report_v2. Each newer command is the older under a wider table,
+// agent_report_v2; put_image as put_image_v2. Each newer command is the older under a wider table,
 // keeping the newer fields as the write gives them, so a write that clears
 // them (ending maintenance, say) clears them instead of keeping the stored
 // values as the older command must.
@@ -148,6 +148,10 @@ func upgradeCommand(c *command, check func(CommandType) error) {
 	case CmdAgentReport:
 		if check(CmdAgentReportV2) == nil {
 			c.Type = CmdAgentReportV2
+		}
+	case CmdPutImage:
+		if check(CmdPutImageV2) == nil {
+			c.Type = CmdPutImageV2
 		}
 	}
 }

@@ -195,9 +195,18 @@ func (s *Store) PutSecret(ctx context.Context, key string, sealed []byte, w W) e
 	return err
 }
 
-// PutImage is PutSite for catalog images (IDs "img-<hex>").
+// PutImage is PutSite for catalog images (IDs "img-<hex>"). An image with
+// a release manifest (Layers or KubeadmVersion, issue 15) is written as
+// put_image_v2 (32) and refused with *UnsupportedByClusterError while a
+// node of the cluster predates it; any other as put_image (7), which the
+// leader writes as 32 once every node understands it (upgradeCommand), so
+// an update keeps exactly the manifest it carries.
 func (s *Store) PutImage(ctx context.Context, v Image, w W) (Image, error) {
-	return one[Image](s.write(ctx, &command{Type: CmdPutImage, W: w, Image: &v}))
+	t := CmdPutImage
+	if v.IsRelease() || v.KubeadmVersion != "" {
+		t = CmdPutImageV2
+	}
+	return one[Image](s.write(ctx, &command{Type: t, W: w, Image: &v}))
 }
 
 // DeleteImage removes image id: ErrNotFound if absent, ErrImageInUse

@@ -72,6 +72,14 @@ const (
 	ReasonEraseFailed      Reason = "erase_failed"
 	ReasonTimeout          Reason = "timeout"
 	ReasonInternal         Reason = "internal_error"
+
+	// Issue 15 (release.go):
+	ReasonVersionMismatch     Reason = "version_mismatch"      // check: the claim's kubernetesVersion is not the release's kubeadm version
+	ReasonVerityMismatch      Reason = "verity_mismatch"       // verify: veritysetup verify of the base root failed
+	ReasonFirstBootNodeLayer  Reason = "first_boot_node_layer" // first boot: the per-node layer is missing or unreadable
+	ReasonFirstBootJoin       Reason = "first_boot_join"       // first boot: joining (or making) the cluster failed
+	ReasonFirstBootMismatch   Reason = "first_boot_mismatch"   // Kiln: the report's hostname or SSH host key is not the build's
+	ReasonFirstBootUnreported Reason = "first_boot_unreported" // Kiln: no first-boot report within lifecycle.first_boot_timeout
 	// Burn-in failures (issue 17, burnin.go): the machine is quarantined.
 	ReasonBurnInCPU    Reason = "burnin_cpu_failed"
 	ReasonBurnInMemory Reason = "burnin_memory_failed"
@@ -83,6 +91,8 @@ const (
 var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealthy, ReasonDiskTooSlow,
 	ReasonForeignOSPresent, ReasonToolMissing, ReasonImageFetchFailed, ReasonDigestMismatch,
 	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
+	ReasonVersionMismatch, ReasonVerityMismatch, ReasonFirstBootNodeLayer, ReasonFirstBootJoin,
+	ReasonFirstBootMismatch, ReasonFirstBootUnreported,
 	ReasonBurnInCPU, ReasonBurnInMemory, ReasonBurnInDisk, ReasonBurnInNIC}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
@@ -119,6 +129,10 @@ type Inventory struct {
 	Disks       []Disk `json:"disks"`
 	NICs        []NIC  `json:"nics"`
 	BMCAddress  string `json:"bmc_address,omitempty"`
+
+	PCI      []PCIDevice `json:"pci,omitempty"`       // issue 15 (release.go): /sys/bus/pci/devices
+	CPUFlags []string    `json:"cpu_flags,omitempty"` // issue 15: /proc/cpuinfo "flags"
+	TPM      *TPMInfo    `json:"tpm,omitempty"`       // issue 15: /sys/class/tpm
 }
 
 // Registration is the agent's first message.
@@ -199,8 +213,12 @@ type Task struct {
 	// appliance or one that does not send them.
 	Endpoints []string `json:"endpoints,omitempty"`
 	// ErasePolicy tunes an erase task; nil = the defaults documented on ErasePolicy.
-	ErasePolicy *ErasePolicy  `json:"erase_policy,omitempty"`
-	BurnIn      *BurnInPolicy `json:"burn_in,omitempty"` // issue 17: an inspect task with it runs step burn_in (burnin.go)
+	ErasePolicy *ErasePolicy `json:"erase_policy,omitempty"`
+
+	Layers    []Layer       `json:"layers,omitempty"`     // issue 15: the release's chosen layers, base first (release.go); empty = the Image + Stage path
+	NodeLayer *NodeLayer    `json:"node_layer,omitempty"` // issue 15: the per-node layer's non-secret files
+	Cluster   *ClusterCheck `json:"cluster,omitempty"`    // issue 15: the check step's version comparison
+	BurnIn    *BurnInPolicy `json:"burn_in,omitempty"`    // issue 17: an inspect task with it runs step burn_in (burnin.go)
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
@@ -303,6 +321,8 @@ type Report struct {
 	// Erase holds, on the erase step's succeeded or failed report, one certificate per
 	// disk of the machine (skipped ones included); the appliance records each as an
 	// "erase_certificate" event.
-	Erase  []DiskErase   `json:"erase,omitempty"`
+	Erase []DiskErase `json:"erase,omitempty"`
+
+	Build  *BuildReport  `json:"build,omitempty"`   // issue 15: on finalize, what a release build wrote (release.go)
 	BurnIn *BurnInReport `json:"burn_in,omitempty"` // issue 17: on step burn_in's succeeded or failed report
 }

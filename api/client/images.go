@@ -81,3 +81,13 @@ func (c *Client) DeleteImage(ctx context.Context, id string) error {
 	_, err := c.do(ctx, request{method: http.MethodDelete, path: "/v1/images/" + seg(id)}, nil)
 	return err
 }
+
+// SetManifest makes image id a release (PUT /v1/images/{id}/manifest,
+// issue 15): layers pinned by SHA-256, base first, and the kubeadm version
+// it carries. The same manifest again is 200 unchanged; another is 409.
+// Role admin.
+func (c *Client) SetManifest(ctx context.Context, id string, req api.ManifestRequest) (api.Image, error) {
+	var out api.Image
+	_, err := c.do(ctx, request{method: http.MethodPut, path: "/v1/images/" + seg(id) + "/manifest", json: req}, &out)
+	return out, err
+}

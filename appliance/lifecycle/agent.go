@@ -182,6 +182,13 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 		if !c.imageHere(m, img) {
 			return wait, nil
 		}
+		fbHash := ""
+		if img.IsRelease() {
+			// Issue 15: the first-boot token of this provisioning (its hash goes into Machine.Build).
+			if fbHash, err = c.newFirstBootToken(ctx, m.ID); err != nil {
+				return agentapi.Task{}, err
+			}
+		}
 		now := c.now()
 		m, err = c.update(ctx, m.ID, store.W{Actor: ActorController, Reason: ReasonBuildStarted}, func(m *store.Machine) error {
 			if m.State != store.StateAvailable || m.Claim == nil {
@@ -191,6 +198,10 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 			m.Reason, m.Message = ReasonBuildStarted, ""
 			m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
 			m.Step.Attempt = 1
+			m.Build = nil // an earlier provisioning's record
+			if img.IsRelease() {
+				startRelease(m, img, fbHash, now) // build.go: layers chosen and why
+			}
 			c.reprovisionStarts(m, now) // a ladder at reinspect moves to reprovision
 			return nil
 		})
@@ -200,7 +211,14 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 		if m.State != store.StateProvisioning {
 			return wait, nil
 		}
-		return c.provisionTask(m, img), nil
+		if why := versionMismatch(m, img); why != "" {
+			// The check step's cluster rule (build.go), before anything is written.
+			if _, err := c.failVersionMismatch(ctx, m.ID, why); err != nil {
+				return agentapi.Task{}, err
+			}
+			return wait, nil
+		}
+		return c.provisionTask(m, img)
 	case store.StateProvisioning:
 		if m.Claim == nil || m.Step == nil || buildComplete(m) {
 			return wait, nil
@@ -220,7 +238,13 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 		if !c.imageHere(m, img) {
 			return wait, nil
 		}
-		return c.provisionTask(m, img), nil
+		if why := versionMismatch(m, img); why != "" {
+			if _, err := c.failVersionMismatch(ctx, m.ID, why); err != nil {
+				return agentapi.Task{}, err
+			}
+			return wait, nil
+		}
+		return c.provisionTask(m, img)
 	case store.StateErasing:
 		if m.Step != nil && m.Step.Step == agentapi.StepErase && m.Step.State != stepPending {
 			return wait, nil
@@ -274,6 +298,9 @@ func (c *Controller) retryBuild(ctx context.Context, id string) (store.Machine, 
 		m.Step = pendingStep(agentapi.StepCheck, now, c.stepDeadline(agentapi.StepCheck, now))
 		m.Step.Attempt = attempt
 		m.Step.Rewrite = prev.Rewrite || (prev.Step != agentapi.StepCheck || prev.State == string(agentapi.StateSucceeded))
+		if m.Build != nil {
+			m.Build.Attempt = attempt // the same layers and first-boot token; digests come with this attempt's finalize
+		}
 		return nil
 	})
 }
@@ -322,19 +349,50 @@ func stateRank(s agentapi.State) int {
 	return 0 // pending
 }
 
-// imageHere reports Config.ImageHere for img (true when unset), logging a
-// build held back because this node does not hold the image yet.
+// imageHere reports Config.ImageHere for img (true when unset), and for a
+// release every layer image it names, logging a build held back because
+// this node does not hold a file yet.
 func (c *Controller) imageHere(m store.Machine, img store.Image) bool {
-	if c.cfg.ImageHere == nil || c.cfg.ImageHere(img) {
+	if c.cfg.ImageHere == nil {
 		return true
 	}
-	c.logger().Info("build waits: this node does not hold the image file yet (it is copied from a peer)",
-		"machine", m.ID, "image", img.ID, "name", img.Name)
-	return false
+	imgs := []store.Image{img}
+	for _, l := range img.Layers {
+		if l.Image == img.ID {
+			continue
+		}
+		li, err := c.st.GetImage(l.Image)
+		if err != nil {
+			c.logger().Warn("release layer image missing", "machine", m.ID, "release", img.ID, "layer", l.Name, "err", err)
+			return false
+		}
+		imgs = append(imgs, li)
+	}
+	for _, im := range imgs {
+		if !c.cfg.ImageHere(im) {
+			c.logger().Info("build waits: this node does not hold the image file yet (it is copied from a peer)",
+				"machine", m.ID, "image", im.ID, "name", im.Name)
+			return false
+		}
+	}
+	return true
 }
 
-// provisionTask builds the gated build's instructions for m and img.
-func (c *Controller) provisionTask(m store.Machine, img store.Image) agentapi.Task {
+// provisionTask builds the gated build's instructions for m and img; a
+// release build's (m.Build set) gets its layers, per-node layer and
+// cluster check too (releaseTask, build.go).
+func (c *Controller) provisionTask(m store.Machine, img store.Image) (agentapi.Task, error) {
+	t := c.plainTask(m, img)
+	if m.Build != nil && img.IsRelease() {
+		if err := c.releaseTask(&t, m, img); err != nil {
+			return agentapi.Task{}, err
+		}
+	}
+	return t, nil
+}
+
+// plainTask is the task of a plain image: the image and the NoCloud stage data.
+func (c *Controller) plainTask(m store.Machine, img store.Image) agentapi.Task {
 	cl := m.Claim
 	format := img.Format
 	if format == "" {
@@ -509,6 +567,23 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 			// The disk is written, verified and staged, but the machine has
 			// not booted it yet: it stays provisioning until its next netboot
 			// (BootFor → local disk) or RebootTimeout.
+			if awaitsFirstBoot(*m) {
+				// A release build (build.go): the written digests are
+				// recorded, and provisioned comes only from the OS's
+				// first-boot report (firstboot.go) by FirstBootTimeout.
+				if m.Build.Built.IsZero() {
+					if err := recordBuild(m, rep.Build, now); err != nil {
+						m.State = store.StateFailed
+						m.Reason = string(agentapi.ReasonDigestMismatch)
+						m.Message = rep.Step + ": " + truncate(sanitize(err.Error()), agentapi.MaxMessageLen)
+						break
+					}
+				}
+				m.Reason, m.Message = ReasonBuildComplete, msgFirstBootWait
+				m.Build.FirstBootDeadline = now.Add(c.cfg.FirstBootTimeout)
+				m.Step.Deadline = m.Build.FirstBootDeadline
+				break
+			}
 			m.Reason, m.Message = ReasonBuildComplete, msgRebooting
 			m.Step.Deadline = now.Add(c.cfg.RebootTimeout)
 		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase &&
@@ -623,6 +698,9 @@ func (s *stepTimer) stop(key string) (time.Time, bool) {
 
 // msgRebooting is Machine.Message while a built machine reboots to its disk.
 const msgRebooting = "build complete; rebooting to disk"
+
+// msgFirstBootWait is Machine.Message while a built release waits for its first-boot report.
+const msgFirstBootWait = "build complete; rebooting to disk; waiting for the first-boot report"
 
 // buildComplete reports whether m is provisioning and its build completed
 // (finalize succeeded): it must boot its local disk from now on. The marker

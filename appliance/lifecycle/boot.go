@@ -38,13 +38,16 @@ var netbootStates = []store.MachineState{store.StateRegistered, store.StateDisco
 // DESIGN.md "Boot flow", step 4; DESIGN.md "The boot guard"): the agent with
 // a new per-boot token for machines in registered, discovered, inspecting,
 // available, provisioning (build not yet complete) or erasing with netboot
-// allowed; the local disk for provisioned, failed, quarantined, retired or
-// netboot=false; for an unknown MAC, a new discovered record
+// allowed, and for failed and quarantined machines whatever netboot says
+// (never told to boot a disk that may hold a failed build; issue 15); the
+// local disk for provisioned, retired, rma or netboot=false; for an unknown MAC, a new discovered record
 // (UnknownMachines=discover, within the discovery rate and cap) or the local
 // disk (exit, or discovery refused). A provisioning machine whose build
 // completed (finalize succeeded; this is its post-build reboot) gets the
 // local disk and becomes provisioned (reason booted_local_disk, actor
-// controller); it is never handed the agent again.
+// controller) — a plain image's build; a release build's gets the local
+// disk and stays provisioning until its first-boot report (firstboot.go).
+// It is never handed the agent again.
 //
 // A live agent is never displaced: while the machine's agent has been
 // heard from within AgentLiveWindow (see holdBoot), BootFor issues no
@@ -72,9 +75,9 @@ func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
 		return Boot{}, fmt.Errorf("lifecycle: boot %s: %w", mac, err)
 	}
 	if buildComplete(m) {
-		return c.bootedLocal(ctx, m.ID), nil
+		return c.bootedLocal(ctx, m), nil
 	}
-	if !hasState(netbootStates, m.State) || (m.Netboot != nil && !*m.Netboot) {
+	if !bootsAgent(m) {
 		return Boot{Action: BootLocal, MachineID: m.ID}, nil
 	}
 	if held, why := c.holdBoot(m); held {
@@ -91,7 +94,7 @@ func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
 		if buildComplete(*cur) {
 			return errBuilt
 		}
-		if !hasState(netbootStates, cur.State) || (cur.Netboot != nil && !*cur.Netboot) {
+		if !bootsAgent(*cur) {
 			return errLocalBoot
 		}
 		if cur.BootTokenHash != prevHash {
@@ -107,7 +110,7 @@ func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
 		return Boot{}, fmt.Errorf("%w: machine %s (%s)", ErrAgentActive, m.ID, holdRaced)
 	}
 	if errors.Is(err, errBuilt) {
-		return c.bootedLocal(ctx, m.ID), nil
+		return c.bootedLocal(ctx, m), nil
 	}
 	if errors.Is(err, errLocalBoot) {
 		return Boot{Action: BootLocal, MachineID: m.ID}, nil
@@ -117,6 +120,21 @@ func (c *Controller) BootFor(ctx context.Context, mac string) (Boot, error) {
 	}
 	c.issued(m.ID, hash)
 	return Boot{Action: BootAgent, MachineID: m.ID, Token: tok}, nil
+}
+
+// agentStates are the states in which a machine gets the agent whatever
+// its netboot flag says (issue 15): a failed or quarantined machine is
+// never told to boot its disk (its disk may hold a failed build); it
+// netboots into the environment, whose agent waits.
+var agentStates = []store.MachineState{store.StateFailed, store.StateQuarantined}
+
+// bootsAgent reports whether m netboots the agent (BootFor): a netboot
+// state with netboot allowed, or one of agentStates.
+func bootsAgent(m store.Machine) bool {
+	if hasState(agentStates, m.State) {
+		return true
+	}
+	return hasState(netbootStates, m.State) && (m.Netboot == nil || *m.Netboot)
 }
 
 var (
@@ -130,9 +148,17 @@ var (
 // booted_local_disk). A failed write is logged, not returned: the machine
 // must boot its disk either way, and the loop's RebootTimeout check
 // (reboot_unobserved) still moves it to provisioned.
-func (c *Controller) bootedLocal(ctx context.Context, id string) Boot {
+//
+// A release build (awaitsFirstBoot, issue 15) is told to boot its disk
+// too, but stays provisioning: provisioned comes only from its first-boot
+// report (firstboot.go), or failed by FirstBootTimeout.
+func (c *Controller) bootedLocal(ctx context.Context, m store.Machine) Boot {
+	id := m.ID
+	if awaitsFirstBoot(m) {
+		return Boot{Action: BootLocal, MachineID: id}
+	}
 	_, err := c.update(ctx, id, store.W{Actor: ActorController, Reason: ReasonBootedLocalDisk}, func(m *store.Machine) error {
-		if !buildComplete(*m) {
+		if !buildComplete(*m) || awaitsFirstBoot(*m) {
 			return errNoChange // already moved (another node's BootFor, or the loop)
 		}
 		m.State = store.StateProvisioned

@@ -185,11 +185,20 @@ func (u *uploadSet) claim(keys []string) (release func(), ok bool) {
 // (store.ErrImageInUse, decided inside the store's raft apply, so a
 // concurrent Provision or ClaimMachines of that image cannot both succeed
 // with it); the catalog file is removed when the Catalog supports Delete.
-// Errors: store.ErrImageInUse, store.ErrNotFound, store errors.
+// A layer of a release (issue 15) is refused with store.ErrImageInUse
+// while the release names it. Errors: store.ErrImageInUse,
+// store.ErrNotFound, store errors.
 func (c *Controller) DeleteImage(ctx context.Context, id string, w store.W) error {
 	img, err := c.st.GetImage(id)
 	if err != nil {
 		return fmt.Errorf("lifecycle: delete image %s: %w", id, err)
+	}
+	// Issue 15: a layer of a release stays while the release names it
+	// (checked here, not in the raft apply: delete the release first).
+	if imgs, err := c.st.ListImages(); err != nil {
+		return err
+	} else if rel := releaseUsing(imgs, id); rel != "" {
+		return fmt.Errorf("lifecycle: image %s is a layer of release %s: %w", id, rel, store.ErrImageInUse)
 	}
 	if err := c.st.DeleteImage(ctx, id, withDefaults(w, "image_deleted")); err != nil {
 		return fmt.Errorf("lifecycle: delete image %s: %w", id, err)

@@ -60,16 +60,18 @@ const (
 
 // Defaults (named so the appliance's config docs can cite them).
 const (
-	DefaultInterval       = 2 * time.Second
-	DefaultWorkers        = 8
-	DefaultBMCTimeout     = 60 * time.Second
-	DefaultBMCBackoff     = 30 * time.Second
-	DefaultBMCMaxBackoff  = 10 * time.Minute
-	DefaultBootTimeout    = 15 * time.Minute // power action / claim → agent's first report
-	DefaultStepTimeout    = 30 * time.Minute // a step without its own entry in StepDeadlines
-	DefaultRebootTimeout  = 3 * time.Minute  // build complete → the machine's next netboot
-	DefaultAgentPollAfter = 5 * time.Second
-	DefaultAgentHeartbeat = 30 * time.Second
+	DefaultInterval      = 2 * time.Second
+	DefaultWorkers       = 8
+	DefaultBMCTimeout    = 60 * time.Second
+	DefaultBMCBackoff    = 30 * time.Second
+	DefaultBMCMaxBackoff = 10 * time.Minute
+	DefaultBootTimeout   = 15 * time.Minute // power action / claim → agent's first report
+	DefaultStepTimeout   = 30 * time.Minute // a step without its own entry in StepDeadlines
+	DefaultRebootTimeout = 3 * time.Minute  // build complete → the machine's next netboot
+	// DefaultFirstBootTimeout: a release build's completion → the OS's first-boot report (issue 15).
+	DefaultFirstBootTimeout = 15 * time.Minute
+	DefaultAgentPollAfter   = 5 * time.Second
+	DefaultAgentHeartbeat   = 30 * time.Second
 	// DefaultHeartbeatRecordEvery: a heartbeat (see Config.HeartbeatRecordEvery)
 	// is written to the store at most this often per machine.
 	DefaultHeartbeatRecordEvery = 5 * time.Minute
@@ -166,7 +168,19 @@ type Config struct {
 	BurnIn BurnInConfig
 	// Health reads a machine's BMC health (nil: no BMC health poll).
 	Health HealthReader
-	// Sealer encrypts BMC passwords (EnrollBMC). Catalog stores image files (UploadImage).
+	// FirstBootTimeout (issue 15) bounds the wait from a release build's
+	// completion (finalize succeeded) to the installed OS's first-boot
+	// report (POST /v1/agent/firstboot). None by then: the policy "fail"
+	// applies (failed, reason first_boot_unreported; never provisioned
+	// without a report). Default DefaultFirstBootTimeout.
+	FirstBootTimeout time.Duration
+	// CredentialGate decides whether a machine's agent gets its secret files
+	// (GET /v1/agent/credentials); nil = AllowWithoutAttestation (issue 16
+	// supplies the attestation gate).
+	CredentialGate CredentialGate
+	// Sealer encrypts BMC passwords (EnrollBMC) and cluster and first-boot
+	// tokens (issue 15; opening them needs it to be an Opener too).
+	// Catalog stores image files (UploadImage).
 	Sealer  Sealer
 	Catalog Catalog
 	// Now and Rand are the clock and randomness (tests); default time.Now and crypto/rand.
@@ -204,6 +218,9 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			return fmt.Errorf("%w: StepDeadlines[%s] must be > 0", ErrConfig, s)
 		}
+	}
+	if c.FirstBootTimeout < 0 {
+		return fmt.Errorf("%w: FirstBootTimeout %v must be > 0", ErrConfig, c.FirstBootTimeout)
 	}
 	if c.RebootTimeout < 0 {
 		return fmt.Errorf("%w: RebootTimeout %v must be > 0", ErrConfig, c.RebootTimeout)
@@ -252,6 +269,7 @@ func (c *Config) applyDefaults() {
 	setDur(&c.DefaultStepTimeout, DefaultStepTimeout)
 	setDur(&c.BootTimeout, DefaultBootTimeout)
 	setDur(&c.RebootTimeout, DefaultRebootTimeout)
+	setDur(&c.FirstBootTimeout, DefaultFirstBootTimeout)
 	setDur(&c.Interval, DefaultInterval)
 	setDur(&c.BMCTimeout, DefaultBMCTimeout)
 	setDur(&c.BMCBackoff, DefaultBMCBackoff)

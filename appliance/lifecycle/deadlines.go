@@ -31,6 +31,10 @@ func (c *Controller) checkDeadlines(ctx context.Context) error {
 		}
 		for _, m := range ms {
 			switch {
+			case firstBootUnreported(m, now): // firstboot.go (issue 15)
+				if _, err := c.failUnreported(ctx, m.ID, now); err != nil {
+					errs = append(errs, err)
+				}
 			case rebootUnobserved(m, now):
 				if _, err := c.finishUnobserved(ctx, m.ID, now); err != nil {
 					errs = append(errs, err)
@@ -59,8 +63,9 @@ func pastDeadline(m store.Machine, now time.Time) bool {
 
 // rebootUnobserved: m's build completed and RebootTimeout (its Step.Deadline)
 // passed without a netboot: it booted its disk without asking us first.
+// A release build never is: it waits for its first-boot report instead.
 func rebootUnobserved(m store.Machine, now time.Time) bool {
-	return buildComplete(m) && m.Step != nil && !m.Step.Deadline.IsZero() && now.After(m.Step.Deadline)
+	return buildComplete(m) && !awaitsFirstBoot(m) && m.Step != nil && !m.Step.Deadline.IsZero() && now.After(m.Step.Deadline)
 }
 
 func (c *Controller) finishUnobserved(ctx context.Context, id string, now time.Time) (store.Machine, error) {

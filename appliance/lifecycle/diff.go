@@ -27,6 +27,7 @@ func hardwareFrom(inv agentapi.Inventory) store.Hardware {
 	for _, n := range inv.NICs {
 		h.NICs = append(h.NICs, store.NIC{Name: n.Name, MAC: strings.ToLower(strings.TrimSpace(n.MAC)), LinkUp: n.LinkUp})
 	}
+	inspectionFrom(&h, inv) // issue 15: PCI, CPU flags, TPM (layers.go)
 	return h
 }
 

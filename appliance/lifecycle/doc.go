@@ -18,6 +18,10 @@
 //	provisioning ─(finalize succeeded)─▶ provisioning                reason build_complete, "build complete; rebooting to disk"
 //	provisioning+build_complete ─(its next netboot: BootFor → exit to disk)─▶ provisioned   reason booted_local_disk
 //	provisioning+build_complete ─(no netboot within RebootTimeout)─▶ provisioned            reason reboot_unobserved
+//	  (the two rows above: plain images only; a release build, issue 15:)
+//	provisioning+build_complete ─(first-boot report, matching)─▶ provisioned     reason first_boot_reported
+//	provisioning+build_complete ─(report failed / not matching)─▶ failed        reason first_boot_* (DESIGN.md "Release builds")
+//	provisioning+build_complete ─(no report within FirstBootTimeout)─▶ failed   reason first_boot_unreported
 //	provisioning|inspecting|erasing ─(step failed / deadline passed)─▶ failed   reason = step reason | timeout
 //	provisioned ─(Release)─▶ erasing ─(erase succeeded)─▶ available
 //	quarantined ─(Erase)─▶ erasing ─(erase succeeded)─▶ inspecting     reason erase_complete; the running agent inspects again

@@ -26,6 +26,9 @@ var (
 	ErrMachineMismatch = errors.New("lifecycle: agent message names another machine")
 	// ErrBadReport: an agent report carries an unknown step, state or reason.
 	ErrBadReport = errors.New("lifecycle: malformed agent report")
+	// ErrCredentialsRefused: GET /v1/agent/credentials outside a release
+	// build, or refused by the CredentialGate (issue 15).
+	ErrCredentialsRefused = errors.New("lifecycle: credentials refused")
 	// ErrNoSealer: EnrollBMC needs Config.Sealer.
 	ErrNoSealer = errors.New("lifecycle: no credential sealer configured")
 	// ErrNoCatalog: UploadImage needs Config.Catalog.

@@ -153,6 +153,17 @@ type healthPoller struct {
 	mu   sync.Mutex
 	next map[string]time.Time
 	back inspectBackoff
+	// sweep is how long the last PollHealth that read at least one BMC
+	// took (controller clock): the time a failure of many machines at once
+	// takes to surface (see sweepHold).
+	sweep time.Duration
+}
+
+// lastSweep is the duration of the last PollHealth pass that read a BMC.
+func (p *healthPoller) lastSweep() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sweep
 }
 
 func (p *healthPoller) due(id string, now time.Time) bool {
@@ -192,10 +203,20 @@ func (c *Controller) PollHealth(ctx context.Context) error {
 	now := c.now()
 	sem := make(chan struct{}, c.cfg.Remediation.HealthPollWorkers)
 	var wg sync.WaitGroup
+	read := 0
+	defer func() {
+		if read > 0 {
+			d := c.now().Sub(now)
+			c.health.mu.Lock()
+			c.health.sweep = d
+			c.health.mu.Unlock()
+		}
+	}()
 	for _, m := range ms {
 		if m.BMC == "" || !c.health.due(m.ID, now) {
 			continue
 		}
+		read++
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():

@@ -36,6 +36,7 @@ type Store interface {
 	GetBMC(id string) (store.BMC, error)
 	PutBMC(ctx context.Context, b store.BMC, w store.W) (store.BMC, error)
 	PutSecret(ctx context.Context, key string, sealed []byte, w store.W) error
+	Secret(key string) ([]byte, error) // issue 15: sealed cluster and first-boot tokens
 	GetImage(id string) (store.Image, error)
 	ListImages() ([]store.Image, error)
 	PutImage(ctx context.Context, im store.Image, w store.W) (store.Image, error)

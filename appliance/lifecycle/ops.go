@@ -8,8 +8,10 @@ package lifecycle
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 
@@ -17,6 +19,45 @@ import (
 	"kiln/appliance/lifecycle/rules"
 	"kiln/store"
 )
+
+// sealClusterToken (issue 15) seals the write-only cluster token of cl's
+// cluster block with Config.Sealer, stores it as a secret under a fresh
+// key (TokenRef) and clears it from the claim, so no record, event, log
+// line or view ever holds it. A token of less than rules.WarnTokenBits
+// estimated entropy is accepted with a warning (logged without the token;
+// TokenWeak in the claim). A block without a token keeps its TokenRef.
+func (c *Controller) sealClusterToken(ctx context.Context, cl *store.Claim) error {
+	if cl.Cluster == nil || cl.Cluster.Token == "" {
+		return nil
+	}
+	if c.cfg.Sealer == nil {
+		return ErrNoSealer
+	}
+	cc := *cl.Cluster
+	tok := []byte(cc.Token)
+	cc.Token = ""
+	cc.TokenWeak = rules.TokenBits(string(tok)) < rules.WarnTokenBits
+	if cc.TokenWeak {
+		c.logger().Warn("cluster token accepted, but its estimated entropy is below the recommended bits; use a random token",
+			"estimated_bits", int(rules.TokenBits(string(tok))), "recommended_bits", rules.WarnTokenBits)
+	}
+	sealed, err := c.cfg.Sealer.Seal(tok)
+	clear(tok)
+	if err != nil {
+		return fmt.Errorf("lifecycle: seal cluster token: %w", err)
+	}
+	var nonce [8]byte
+	if _, err := io.ReadFull(c.cfg.Rand, nonce[:]); err != nil {
+		return fmt.Errorf("lifecycle: cluster token key: %w", err)
+	}
+	key := clusterTokenKey(hex.EncodeToString(nonce[:]))
+	if err := c.st.PutSecret(ctx, key, sealed, store.W{Actor: ActorController, Reason: "cluster_token"}); err != nil {
+		return fmt.Errorf("lifecycle: store cluster token: %w", err)
+	}
+	cc.TokenRef = key
+	cl.Cluster = &cc
+	return nil
+}
 
 // checkClaim applies the claim rule (rules.CheckClaim). That its image
 // exists is the store's rule, checked when the claim is written
@@ -36,6 +77,9 @@ func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w
 	if err := c.checkClaim(cl); err != nil {
 		return store.Machine{}, err
 	}
+	if err := c.sealClusterToken(ctx, &cl); err != nil {
+		return store.Machine{}, err
+	}
 	w = withDefaults(w, ReasonClaimed)
 	m, err := c.update(ctx, id, w, func(m *store.Machine) error {
 		if m.State != store.StateAvailable {
@@ -46,6 +90,10 @@ func (c *Controller) Provision(ctx context.Context, id string, cl store.Claim, w
 				Claimed: true, ClaimedImage: m.Claim.Image}
 		}
 		claim := cl
+		if cl.Cluster != nil {
+			cc := *cl.Cluster
+			claim.Cluster = &cc
+		}
 		m.Claim = &claim
 		clearConditions(m, store.HealthSourceOwner, store.HealthSourceKiln) // about an earlier claim
 		return nil
@@ -90,6 +138,9 @@ func (c *Controller) ClaimMachines(ctx context.Context, role string, labels map[
 	if err := c.checkClaim(cl); err != nil {
 		return nil, err
 	}
+	if err := c.sealClusterToken(ctx, &cl); err != nil {
+		return nil, err
+	}
 	w = withDefaults(w, ReasonClaimed)
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -109,6 +160,10 @@ func (c *Controller) ClaimMachines(ctx context.Context, role string, labels map[
 		picked := spreadPick(free, n)
 		for i := range picked {
 			claim := cl
+			if cl.Cluster != nil {
+				cc := *cl.Cluster
+				claim.Cluster = &cc
+			}
 			claim.Role = role
 			if len(labels) > 0 {
 				// The selector is kept: a spare that replaces this machine

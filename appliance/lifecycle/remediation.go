@@ -211,15 +211,28 @@ func (c *Controller) remediate(ctx context.Context) error {
 		}
 	}
 	now := c.now()
+	hold := c.sweepHold()
 	for _, x := range fresh {
-		if _, since := failure(x.m); now.Sub(since) < c.cfg.Remediation.StartHold {
-			continue // counted; its run starts once the failure is StartHold old
+		if _, since := failure(x.m); now.Sub(since) < hold {
+			continue // counted; its run starts once the failure is hold old
 		}
 		if _, err := c.startLadder(ctx, x.m.ID, x.why, StepPowerCycle, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// sweepHold is how old a counted failure must be before its ladder
+// starts: remediation.hold, and at least the last health sweep's duration,
+// so that a failure of many machines at once (which surfaces over one
+// sweep: 2,000 BMCs read by HealthPollWorkers take a while) is counted in
+// the brake in full before any of its machines is touched. Found by the
+// 2,000-machine day-2 run: with a 10 s hold and a longer sweep, 400
+// machines failing at once started ~1,900 BMC actions and never engaged
+// the brake.
+func (c *Controller) sweepHold() time.Duration {
+	return max(c.cfg.Remediation.StartHold, c.health.lastSweep())
 }
 
 // stepTimeout is step's timeout (zero: the step's own machinery bounds it).
@@ -593,11 +606,17 @@ func (c *Controller) markFailed(m *store.Machine, from, why string, agentUp, noE
 func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (store.Machine, error) {
 	now := c.now()
 	alive := c.agentAlive(id)
-	erase := false
+	erase, agentUp := false, false
 	m, err := c.update(ctx, id, store.W{Actor: ActorRemediation, Reason: ReasonEraseForRMA, Message: truncate(from+": "+why, 512)}, func(m *store.Machine) error {
 		if m.Remediation != nil && m.Remediation.Outcome == "" && m.Remediation.Step != from {
 			return errNoChange // moved meanwhile
 		}
+		// A live agent takes the erase task at its next poll; the
+		// machine is PXE-booted into one otherwise. Alive (it reported
+		// within AgentStaleAfter) is not enough: a machine declared failed
+		// after its reprovision has just rebooted into its disk, and its
+		// agent reported seconds ago but is gone (agentInEnv).
+		agentUp = alive && agentInEnv(m)
 		erase = c.markFailed(m, from, why, alive && (m.State == store.StateInspecting || m.State == store.StateAvailable), false, now)
 		return nil
 	})
@@ -605,7 +624,7 @@ func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (s
 		return m, err
 	}
 	if erase {
-		if !alive {
+		if !agentUp {
 			c.powerIntoAgent(ctx, m, store.StateErasing)
 		}
 		return m, nil
@@ -614,6 +633,16 @@ func (c *Controller) declareFailed(ctx context.Context, id, from, why string) (s
 		return c.toRMA(ctx, id, "")
 	}
 	return m, nil
+}
+
+// agentInEnv reports whether m's last known place is the in-RAM
+// environment: not booted into its disk (provisioned, remediating: the
+// power-cycle step runs on the installed OS) and not at the build's reboot.
+func agentInEnv(m *store.Machine) bool {
+	if m.State == store.StateProvisioned || m.State == store.StateRemediating {
+		return false
+	}
+	return m.Step == nil || m.Step.Step != agentapi.StepReboot
 }
 
 // toRMA finishes a declared failure: erasing → rma (the erase's outcome in

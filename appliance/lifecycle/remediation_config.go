@@ -89,8 +89,9 @@ type RemediationConfig struct {
 	// brake at once, but its run starts only once its Critical condition is
 	// this old, so a mass failure that surfaces over one health-poll sweep
 	// (several ticks) engages the brake before any of its machines is
-	// touched. Set it to the time one sweep takes (about the health
-	// interval). Appliance key remediation.hold.
+	// touched. The controller holds at least as long as its last health
+	// sweep took (sweepHold), whatever this says. Appliance key
+	// remediation.hold.
 	StartHold time.Duration
 	// SparesLow is the spare count per hardware class at or below which a
 	// spares_low event is recorded (and kiln_spares_low_threshold tells the

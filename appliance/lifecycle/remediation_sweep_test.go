@@ -20,12 +20,17 @@ func TestMassFailureOverASweepTripsBrakeFirst(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		hold      time.Duration
+		sweep     time.Duration // the last BMC health sweep's duration (sweepHold)
 		wantCalls bool
-	}{{"no hold", 0, true}, {"hold one sweep", 10 * time.Second, false}} {
+	}{{"no hold", 0, 0, true}, {"hold one sweep", 10 * time.Second, 0, false},
+		{"no hold, the last health sweep took 10 s", 0, 10 * time.Second, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := 200
 			f := newSimFleet(t, n, 8)
 			f.c.cfg.Remediation.StartHold = tc.hold
+			f.c.health.mu.Lock()
+			f.c.health.sweep = tc.sweep
+			f.c.health.mu.Unlock()
 			rng := rand.New(rand.NewSource(21))
 			ids := append([]string(nil), f.claimed...)
 			rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })

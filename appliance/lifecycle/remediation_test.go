@@ -239,3 +239,84 @@ func TestBrakeRackHaltsRepair(t *testing.T) {
 		t.Fatalf("gauge after resume %v", v)
 	}
 }
+
+// A machine declared failed seconds after its reprovision rebooted it into
+// its disk is PXE-booted for the erase: its agent reported moments ago, but
+// it is gone. (Found by the 2,000-machine day-2 run, settle 2 s: every
+// failed machine sat in erasing with the erase step pending, never booted.)
+func TestDeclaredFailedAfterReprovisionIsBootedForErase(t *testing.T) {
+	f := newRemFleet(t, 1, 4, 1, func(c *Config) { c.Remediation.Settle = 2 * time.Second })
+	a := f.ids[0]
+	f.bmcs.setHealth(a, vbmc.HealthUpdate{System: "Critical", Chassis: "OK", Event: "Processor CPU1 IERR Asserted"})
+	must(t, f.c.PollHealth(bg))
+	f.tick(0)
+	f.mustState(a, store.StateRemediating)
+	f.tick(3 * time.Second)
+	m := f.mustState(a, store.StateInspecting)
+	task, err := f.c.AgentRegister(bg, a, agentapi.Registration{Inventory: inventory(m)})
+	must(t, err)
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("after the reinspection: task %s", task.Action)
+	}
+	f.build(a)
+	f.mustState(a, store.StateProvisioned)
+	ons0, _ := f.bmcs.powerCalls(a)
+	f.tick(0)
+	if !f.c.agentAlive(a) {
+		t.Fatal("test premise: the agent's last report is within AgentStaleAfter")
+	}
+	f.tick(3 * time.Second)
+	f.mustState(a, store.StateErasing)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ons, _ := f.bmcs.powerCalls(a)
+		f.bmcs.mu.Lock()
+		ov := append([]string(nil), f.bmcs.power[a].override...)
+		f.bmcs.mu.Unlock()
+		if ons > ons0 && len(ov) > 0 && ov[len(ov)-1] == "pxe" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("declared failed in its disk OS: power-ons %d (before %d), overrides %v: not booted into the agent for the erase", ons, ons0, ov)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A reprovision that fails while the agent runs (it registered again
+// mid-build) is declared failed and erased by that same live agent: no
+// power cycle kills it first.
+func TestDeclaredFailedWithLiveAgentErasesWithoutPowerCycle(t *testing.T) {
+	f := newRemFleet(t, 1, 4, 1, func(c *Config) { c.Remediation.Settle = 2 * time.Second })
+	a := f.ids[0]
+	f.bmcs.setHealth(a, vbmc.HealthUpdate{System: "Critical", Chassis: "OK", Event: "Processor CPU1 IERR Asserted"})
+	must(t, f.c.PollHealth(bg))
+	f.tick(0)
+	f.tick(3 * time.Second)
+	m := f.mustState(a, store.StateInspecting)
+	task, err := f.c.AgentRegister(bg, a, agentapi.Registration{Inventory: inventory(m)})
+	must(t, err)
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("after the reinspection: task %s", task.Action)
+	}
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepCheck, State: agentapi.StateStarted, Attempt: task.Attempt}))
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepCheck, State: agentapi.StateSucceeded, Attempt: task.Attempt}))
+	must(t, f.c.AgentReport(bg, a, agentapi.Report{Step: agentapi.StepStage, State: agentapi.StateStarted, Attempt: task.Attempt}))
+	// The agent restarts mid-build and registers again.
+	_, _ = f.c.AgentRegister(bg, a, agentapi.Registration{Inventory: inventory(m)})
+	if m = f.get(a); m.State != store.StateFailed {
+		t.Fatalf("after the agent restarted mid-build: %s %s", m.State, m.Reason)
+	}
+	ons0, _ := f.bmcs.powerCalls(a)
+	f.tick(0)
+	f.mustState(a, store.StateErasing)
+	task, err = f.c.AgentTask(bg, a)
+	must(t, err)
+	if task.Action != agentapi.ActionErase {
+		t.Fatalf("live agent's task %s, want erase", task.Action)
+	}
+	time.Sleep(200 * time.Millisecond) // a power job, if one were queued, runs on the workers
+	if ons, _ := f.bmcs.powerCalls(a); ons != ons0 {
+		t.Fatalf("power-ons %d → %d: the live agent was power-cycled away", ons0, ons)
+	}
+}

@@ -131,6 +131,9 @@ func (s *Service) EnrollBMC(ctx context.Context, machineID string, b store.BMC, 
 func (s *Service) UploadImage(ctx context.Context, meta store.Image, r io.Reader, w store.W) (store.Image, error) {
 	return s.c.UploadImage(ctx, meta, r, w)
 }
+func (s *Service) SetManifest(ctx context.Context, id string, layers []store.Layer, kubeadm string, w store.W) (store.Image, error) {
+	return s.c.SetManifest(ctx, id, layers, kubeadm, w)
+}
 func (s *Service) DeleteImage(ctx context.Context, id string, w store.W) error {
 	return s.c.DeleteImage(ctx, id, w)
 }
@@ -139,6 +142,15 @@ func (s *Service) DeleteImage(ctx context.Context, id string, w store.W) error {
 
 func (s *Service) AgentRegister(ctx context.Context, id string, reg agentapi.Registration) (agentapi.Task, error) {
 	return s.c.AgentRegister(ctx, id, reg)
+}
+func (s *Service) AgentCredentials(ctx context.Context, id string) (agentapi.Credentials, error) {
+	return s.c.AgentCredentials(ctx, id)
+}
+func (s *Service) VerifyFirstBootToken(id, token string) bool {
+	return s.c.VerifyFirstBootToken(id, token)
+}
+func (s *Service) FirstBoot(ctx context.Context, id string, rep agentapi.FirstBootReport) (store.Machine, error) {
+	return s.c.FirstBoot(ctx, id, rep)
 }
 func (s *Service) AgentReport(ctx context.Context, id string, rep agentapi.Report) error {
 	return s.c.AgentReport(ctx, id, rep)

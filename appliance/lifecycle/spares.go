@@ -10,6 +10,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -176,9 +177,24 @@ func (c *Controller) assignSpare(ctx context.Context, m store.Machine, all []sto
 		return nil
 	}
 	w := store.W{Actor: ActorRemediation, Reason: ReasonSpareAssigned, Message: "replaces failed machine " + m.ID}
-	if _, err := c.Provision(ctx, spare.ID, cl, w); err != nil {
-		return fmt.Errorf("lifecycle: spare %s for %s: %w", spare.ID, m.ID, err)
+	for {
+		_, err := c.Provision(ctx, spare.ID, cl, w)
+		if err == nil {
+			break
+		}
+		// all is this tick's snapshot: a spare another failed machine took
+		// earlier in the tick (or another writer since) is claimed now. Mark
+		// it so in the snapshot and take the next candidate.
+		var se *StateError
+		if !errors.As(err, &se) {
+			return fmt.Errorf("lifecycle: spare %s for %s: %w", spare.ID, m.ID, err)
+		}
+		taken(all, spare.ID, cl)
+		if spare, ok = pickSpare(m, cl, all); !ok {
+			return nil // none left this tick; a later tick reports it
+		}
 	}
+	taken(all, spare.ID, cl)
 	c.spares.flip(&c.spares.noSpare, m.ID, false)
 	_, err := c.update(ctx, m.ID, store.W{Actor: ActorRemediation, Reason: ReasonSpareAssigned, Message: "claim moved to spare " + spare.ID},
 		func(x *store.Machine) error {
@@ -191,4 +207,16 @@ func (c *Controller) assignSpare(ctx context.Context, m store.Machine, all []sto
 		})
 	c.rm.remediations.WithLabelValues("spare", "assigned").Inc()
 	return err
+}
+
+// taken marks machine id of the tick's snapshot all as claimed by cl, so
+// pickSpare does not offer it to the next failed machine of the same tick.
+func taken(all []store.Machine, id string, cl store.Claim) {
+	for i := range all {
+		if all[i].ID == id {
+			c := cl
+			all[i].Claim = &c
+			return
+		}
+	}
 }

@@ -17,6 +17,7 @@ func claimCmd(o *cliOpts) *cobra.Command {
 	var role, image, userData, reason string
 	var count int
 	var labels, nodeLabels, sshKeys []string
+	var cluster clusterFlags // issue 15 (cli_release.go)
 	c := &cobra.Command{
 		Use:   "claim",
 		Short: "Claim N available machines (by role and labels) and provision them with an image; all or nothing",
@@ -32,6 +33,9 @@ func claimCmd(o *cliOpts) *cobra.Command {
 			}
 			req := api.ClaimRequest{Role: role, Labels: sel, Count: count, Reason: reason,
 				Claim: api.Claim{Image: image, Role: role, Labels: nl, SSHKeys: sshKeys}}
+			if req.Claim.Cluster, err = cluster.block(); err != nil {
+				return err
+			}
 			if userData != "" {
 				b, err := os.ReadFile(userData)
 				if err != nil {
@@ -54,6 +58,7 @@ func claimCmd(o *cliOpts) *cobra.Command {
 	f.StringArrayVar(&sshKeys, "ssh-key", nil, "authorized SSH public key (repeat)")
 	f.StringVar(&userData, "user-data", "", "cloud-init user-data file (bootstrap data)")
 	f.StringVar(&reason, "reason", "", "why (recorded in the event log)")
+	cluster.add(c)
 	_ = c.MarkFlagRequired("role")
 	_ = c.MarkFlagRequired("image")
 	return c

@@ -119,6 +119,7 @@ func machineDetail(m api.Machine) func(*tabwriter.Writer) {
 		if m.Claim != nil {
 			row(tw, "Claim:", "image="+m.Claim.Image, "role="+dash(m.Claim.Role), "host="+dash(m.Claim.Hostname))
 		}
+		releaseDetail(tw, m) // issue 15 (cli_release.go)
 		if m.Step != nil {
 			row(tw, "Step:", m.Step.Step, m.Step.State, dash(m.Step.Reason), fmt.Sprintf("%.0f%%", m.Step.Progress*100))
 		}
@@ -201,6 +202,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 	var claim api.Claim
 	var userDataFile, reason string
 	var claimLabels []string
+	var cluster clusterFlags
 	prov := &cobra.Command{
 		Use:   "provision ID",
 		Short: "Provision an available machine with an image, role and bootstrap data",
@@ -214,6 +216,9 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 				return errors.New("--image is required (see `kiln images list`)")
 			}
 			if claim.Labels, err = parseLabels("label", claimLabels); err != nil {
+				return err
+			}
+			if claim.Cluster, err = cluster.block(); err != nil {
 				return err
 			}
 			if userDataFile != "" {
@@ -239,6 +244,7 @@ func machinesCmd(o *cliOpts) *cobra.Command {
 	prov.Flags().StringVar(&userDataFile, "user-data", "", "cloud-init user-data file")
 	prov.Flags().StringArrayVar(&claimLabels, "label", nil, "node label key=value (repeat)")
 	prov.Flags().StringVar(&reason, "reason", "", "why (recorded in the event log)")
+	cluster.add(prov)
 
 	c.AddCommand(list, get, prov, claimCmd(o),
 		actionCmd(o, "release", "Release a provisioned machine (it is erased, then available)", (*client.Client).Release),
@@ -455,7 +461,7 @@ decompressed once here to compute them.`,
 	up.Flags().StringVar(&format, "format", "", "raw, gzip or zstd (default from the extension)")
 	up.Flags().StringVar(&id, "id", "", "store under this image ID (default: assigned)")
 	up.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
-	c.AddCommand(list, up)
+	c.AddCommand(list, up, manifestCmd(o)) // manifest: cli_release.go
 	return c
 }
 

@@ -161,7 +161,8 @@ func CheckIntended(m *store.Machine, hw bool) error {
 // CheckClaim checks a claim's fields: an image ID is required (that it
 // names a stored image is the store's rule, checked when the claim is
 // written), the host name by CheckHostname, the role as free text
-// (MaxTextLen), the labels by CheckLabels. field is the claim's JSON name
+// (MaxTextLen), the labels by CheckLabels, the cluster block by
+// CheckCluster (issue 15). field is the claim's JSON name
 // ("claim"). Errors: *FieldError.
 func CheckClaim(field string, cl store.Claim) error {
 	if cl.Image == "" {
@@ -180,6 +181,12 @@ func CheckClaim(field string, cl store.Claim) error {
 	}
 	if err := CheckLabels(field+".selector", cl.Selector); err != nil {
 		return err
+	}
+	if cl.Cluster != nil {
+		// Issue 15: the cluster block (release.go), normalised in place.
+		if err := CheckCluster(field+".cluster", cl.Cluster, cl.Cluster.Token, cl.Cluster.TokenRef != ""); err != nil {
+			return err
+		}
 	}
 	return CheckLabels(field+".labels", cl.Labels)
 }

@@ -75,6 +75,7 @@ func run() error {
 	flag.IntVar(&day2.FailB, "fail-b", 0, "day 2: machines failing at once (default 20 % of the claimed)")
 	flag.DurationVar(&day2.Hour, "hour", 0, "day 2: the compressed hour mode A's failures spread over (default 60s)")
 	flag.DurationVar(&day2.HealthPoll, "health-poll", 0, "day 2: Kiln's remediation.health.interval (default 2s)")
+	flag.DurationVar(&day2.BrakeWindow, "brake-window", 0, "day 2: Kiln's remediation.brake.window (default hour/4); keep it longer than a few health sweeps of the whole fleet")
 	flag.DurationVar(&day2.Hold, "hold", 0, "day 2: Kiln's remediation.hold (default 2 × health-poll; negative: none)")
 	flag.Parse()
 	if *day2On {
