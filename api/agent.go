@@ -48,6 +48,7 @@ var knownSteps = map[string]bool{
 	agentapi.StepInspect: true, agentapi.StepCheck: true, agentapi.StepWrite: true, agentapi.StepVerify: true,
 	agentapi.StepStage: true, agentapi.StepFinalize: true, agentapi.StepReboot: true, agentapi.StepErase: true,
 	agentapi.StepAttest: true,
+	agentapi.StepBurnIn: true, // issue 17
 }
 
 // validateReport checks a step report against the closed enums and

@@ -73,6 +73,8 @@ type Machine struct {
 
 	// Attestation is the last TPM attestation (issue 16, attest.go).
 	Attestation *Attestation `json:"attestation,omitempty"`
+	// BurnIn is the last burn-in's result (issue 17; appliance/lifecycle/DESIGN.md "Burn-in").
+	BurnIn *store.BurnInRecord `json:"burn_in,omitempty"`
 }
 
 // Remediation is the wire form of the ladder's record: the store's,
@@ -275,6 +277,7 @@ func machineView(m store.Machine, r Role) Machine {
 		Maintenance: m.Maintenance, Health: m.Health, Remediation: remediationView(m.Remediation, r), Drain: m.Drain,
 		Build: buildView(m.Build), Firmware: m.Firmware,
 		Attestation: attestationView(m.Attestation),
+		BurnIn:      m.BurnIn,
 	}
 }
 

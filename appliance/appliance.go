@@ -180,6 +180,8 @@ func New(cfg Config, version string, log *slog.Logger) (*Appliance, error) {
 		FirstBootTimeout:   cfg.Lifecycle.FirstBootTimeout,
 		Remediation:        cfg.Remediation.lifecycle(),
 		Attest:             attestCfg,
+		BurnIn:             cfg.BurnIn.lifecycle(),
+		StepDeadlines:      cfg.BurnIn.stepDeadlines(),
 		Health:             healthFor(bmcA),
 		Sealer:             SealerFor(sealer),
 		Catalog:            CatalogFor(catalog),

@@ -63,6 +63,9 @@ type Config struct {
 	// Attest is the TPM attestation policy per hardware model (issue 16,
 	// attest_config.go).
 	Attest AttestConfig `yaml:"attest"`
+	// BurnIn is the burn-in policy per hardware model (issue 17,
+	// burnin_config.go).
+	BurnIn BurnInConfig `yaml:"burn_in"`
 }
 
 // StoreConfig tunes the replicated store.
@@ -475,6 +478,12 @@ func (c *Config) validateValues() error {
 		return fmt.Errorf("config: %w", err)
 	}
 	if err := c.Attest.validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if c.BurnIn.Deadline < 0 {
+		return fmt.Errorf("config: burn_in.deadline %s: must not be negative", c.BurnIn.Deadline)
+	}
+	if err := lifecycle.CheckBurnIn(c.BurnIn.lifecycle(), c.BurnIn.Deadline); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	for i, s := range c.Boot.DHCP.Subnets {

@@ -42,6 +42,7 @@ const (
 	StepErase    = "erase"
 	// StepAttest (issue 16): between check and write; the TPM proves the measured boot (attest.go).
 	StepAttest = "attest"
+	StepBurnIn = "burn_in" // issue 17: part of inspection, before available (burnin.go)
 )
 
 // State is the closed set of step states.
@@ -83,6 +84,11 @@ const (
 	ReasonFirstBootJoin       Reason = "first_boot_join"       // first boot: joining (or making) the cluster failed
 	ReasonFirstBootMismatch   Reason = "first_boot_mismatch"   // Kiln: the report's hostname or SSH host key is not the build's
 	ReasonFirstBootUnreported Reason = "first_boot_unreported" // Kiln: no first-boot report within lifecycle.first_boot_timeout
+	// Burn-in failures (issue 17, burnin.go): the machine is quarantined.
+	ReasonBurnInCPU    Reason = "burnin_cpu_failed"
+	ReasonBurnInMemory Reason = "burnin_memory_failed"
+	ReasonBurnInDisk   Reason = "burnin_disk_failed"
+	ReasonBurnInNIC    Reason = "burnin_nic_failed"
 )
 
 // Reasons lists every non-empty Reason.
@@ -91,7 +97,8 @@ var Reasons = []Reason{ReasonDiskNotFound, ReasonDiskTooSmall, ReasonDiskUnhealt
 	ReasonWriteFailed, ReasonVerifyMismatch, ReasonStageFailed, ReasonEraseFailed, ReasonTimeout, ReasonInternal,
 	ReasonVersionMismatch, ReasonVerityMismatch, ReasonFirstBootNodeLayer, ReasonFirstBootJoin,
 	ReasonFirstBootMismatch, ReasonFirstBootUnreported,
-	ReasonAttestationFailed}
+	ReasonAttestationFailed,
+	ReasonBurnInCPU, ReasonBurnInMemory, ReasonBurnInDisk, ReasonBurnInNIC}
 
 // MaxMessageLen bounds Report.Message (bytes); longer messages are truncated by the receiver.
 const MaxMessageLen = 512
@@ -148,7 +155,8 @@ const (
 	// ActionInspect: send the inventory. In answer to a registration (which has just sent
 	// it) the inspection is done: wait. In answer to a poll, the running agent inspects
 	// again: step inspect started, the inventory collected anew and sent with POST
-	// /v1/agent/register, whose answer is the next task.
+	// /v1/agent/register, whose answer is the next task. An inspect task with BurnIn set
+	// (issue 17) instead runs step burn_in on the inventory already sent (burnin.go).
 	ActionInspect   Action = "inspect"
 	ActionProvision Action = "provision" // run the gated build
 	ActionErase     Action = "erase"
@@ -216,6 +224,7 @@ type Task struct {
 	NodeLayer *NodeLayer    `json:"node_layer,omitempty"` // issue 15: the per-node layer's non-secret files
 	Cluster   *ClusterCheck `json:"cluster,omitempty"`    // issue 15: the check step's version comparison
 	Attest    bool          `json:"attest,omitempty"`     // issue 16: run the attest step after check (attest.go)
+	BurnIn    *BurnInPolicy `json:"burn_in,omitempty"`    // issue 17: an inspect task with it runs step burn_in (burnin.go)
 }
 
 // ErasePolicy tunes the erase of every disk of the machine (cmd/kiln-agent/DESIGN.md
@@ -320,5 +329,6 @@ type Report struct {
 	// "erase_certificate" event.
 	Erase []DiskErase `json:"erase,omitempty"`
 
-	Build *BuildReport `json:"build,omitempty"` // issue 15: on finalize, what a release build wrote (release.go)
+	Build  *BuildReport  `json:"build,omitempty"`   // issue 15: on finalize, what a release build wrote (release.go)
+	BurnIn *BurnInReport `json:"burn_in,omitempty"` // issue 17: on step burn_in's succeeded or failed report
 }

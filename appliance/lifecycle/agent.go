@@ -36,7 +36,7 @@ var buildSteps = []string{agentapi.StepCheck, agentapi.StepWrite, agentapi.StepV
 var buildOrder = []string{agentapi.StepCheck, agentapi.StepAttest, agentapi.StepWrite, agentapi.StepVerify,
 	agentapi.StepStage, agentapi.StepFinalize, agentapi.StepReboot}
 
-var knownSteps = map[string]bool{agentapi.StepInspect: true, agentapi.StepErase: true, agentapi.StepAttest: true}
+var knownSteps = map[string]bool{agentapi.StepInspect: true, agentapi.StepErase: true, agentapi.StepAttest: true, agentapi.StepBurnIn: true}
 
 func init() {
 	for _, s := range buildSteps {
@@ -123,7 +123,10 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 	return c.AgentTask(ctx, machineID)
 }
 
-// finishInspection moves an inspecting machine to available or quarantined by its stored Diff.
+// finishInspection moves an inspecting machine to available or quarantined
+// by its stored Diff — or, when its burn-in policy requires one and it has
+// no passing burn-in, to step burn_in pending (it stays inspecting; the
+// agent's burn-in report decides, recordBurnIn).
 func (c *Controller) finishInspection(ctx context.Context, id string) (store.Machine, error) {
 	return c.update(ctx, id, store.W{Actor: ActorController}, func(m *store.Machine) error {
 		if m.State != store.StateInspecting || m.Discovered == nil {
@@ -136,6 +139,9 @@ func (c *Controller) finishInspection(ctx context.Context, id string) (store.Mac
 			m.State = store.StateQuarantined
 			m.Reason = ReasonHardwareMismatch
 			m.Message = "blocking difference in " + strings.Join(b, ", ")
+		} else if c.burnInDue(*m) {
+			c.startBurnIn(m, c.now()) // untrusted until it passes (burnin.go)
+			return nil
 		} else {
 			m.State = store.StateAvailable
 			m.Reason, m.Message = ReasonInspectionPassed, ""
@@ -258,6 +264,9 @@ func (c *Controller) agentTask(ctx context.Context, machineID string) (agentapi.
 	case store.StateInspecting:
 		if m.Step != nil && m.Step.Step == agentapi.StepInspect && m.Step.State == stepPending {
 			return agentapi.Task{Action: agentapi.ActionInspect, PollAfter: c.cfg.AgentPollAfter}, nil
+		}
+		if m.Step != nil && m.Step.Step == agentapi.StepBurnIn && m.Step.State == stepPending {
+			return c.burnInTask(m), nil
 		}
 		return wait, nil
 	case store.StateRetired, store.StateRMA:
@@ -475,10 +484,13 @@ func validReport(rep agentapi.Report) error {
 // AgentReport records one step report (POST /v1/agent/report): a "step"
 // event (message sanitised, truncated to agentapi.MaxMessageLen bytes),
 // Machine.Step with the step's deadline, and the resulting transition:
+// step burn_in's final report while inspecting → Machine.BurnIn, then
+// available or quarantined with a burnin_* reason (recordBurnIn, burnin.go);
 // failed → machine failed (reason = the report's reason); erase succeeded
 // while erasing → available (erase_complete), or inspecting
 // (erase_complete, step inspect pending) when reinspectAfterErase says the
-// machine must be inspected again first. Finalize (or reboot)
+// machine must be inspected again first or its burn-in policy wants a
+// passing burn-in it does not have. Finalize (or reboot)
 // succeeded while provisioning moves nothing: the machine stays
 // provisioning with Reason build_complete (the durable "build complete"
 // marker) and Step.Deadline = now + RebootTimeout; later reports (the
@@ -567,6 +579,7 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 			// stops here, before anything it writes gets credentials.
 			m.State = store.StateFailed
 			m.Reason, m.Message = ReasonAttestationFailed, gate
+		case c.recordBurnIn(m, rep, msg, now): // burnin.go
 		case rep.State == agentapi.StateFailed && stepBelongs(m.State, rep.Step):
 			m.State = store.StateFailed
 			m.Reason = string(rep.Reason)
@@ -613,7 +626,11 @@ func (c *Controller) AgentReport(ctx context.Context, machineID string, rep agen
 			m.Step.Deadline = time.Time{}
 		case rep.State == agentapi.StateSucceeded && m.State == store.StateErasing && rep.Step == agentapi.StepErase:
 			m.Claim = nil
-			if why := reinspectAfterErase(*m); why != "" {
+			why := reinspectAfterErase(*m)
+			if why == "" && c.burnInDue(*m) {
+				why = "no passing burn-in on record" // untrusted until one passes (burnin.go)
+			}
+			if why != "" {
 				// Not trusted yet: the running agent inspects again (its
 				// next poll gets the inspect task), then finishInspection
 				// decides available or quarantined.
@@ -643,12 +660,12 @@ func heartbeat(prev *store.StepStatus, rep agentapi.Report) bool {
 }
 
 // stepBelongs reports whether step is one the agent runs in state: inspect
-// while inspecting, the build steps while provisioning, erase while
+// and burn_in while inspecting, the build steps while provisioning, erase while
 // erasing. A failure of any other step is recorded but moves nothing.
 func stepBelongs(state store.MachineState, step string) bool {
 	switch state {
 	case store.StateInspecting:
-		return step == agentapi.StepInspect
+		return step == agentapi.StepInspect || step == agentapi.StepBurnIn
 	case store.StateProvisioning:
 		return nextStep(step) != "" || step == agentapi.StepReboot
 	case store.StateErasing:

@@ -88,6 +88,7 @@ func DefaultStepDeadlines() map[string]time.Duration {
 		"inspect": 15 * time.Minute, "check": 10 * time.Minute, "write": 60 * time.Minute,
 		"verify": 60 * time.Minute, "stage": 5 * time.Minute, "finalize": 5 * time.Minute,
 		"reboot": 10 * time.Minute, "erase": 4 * time.Hour,
+		"burn_in": DefaultBurnInDeadline,
 	}
 }
 
@@ -166,6 +167,8 @@ type Config struct {
 	// Attest is the attestation policy per hardware model, the PCRs and
 	// the challenge's life (issue 16, attest.go).
 	Attest AttestConfig
+	// BurnIn is the burn-in policy per hardware model (issue 17, burnin.go).
+	BurnIn BurnInConfig
 	// Health reads a machine's BMC health (nil: no BMC health poll).
 	Health HealthReader
 	// Firmware applies firmware baselines and BIOS settings through the
@@ -242,6 +245,9 @@ func (c *Config) Validate() error {
 	if c.MemoryTolerance < 0 || c.MemoryTolerance >= 1 {
 		return fmt.Errorf("%w: MemoryTolerance %v: want 0 <= x < 1", ErrConfig, c.MemoryTolerance)
 	}
+	if err := c.BurnIn.Validate(c.StepDeadlines["burn_in"]); err != nil {
+		return err
+	}
 	return c.Remediation.Validate()
 }
 
@@ -296,6 +302,7 @@ func (c *Config) applyDefaults() {
 		c.MemoryTolerance = DefaultMemoryTolerance
 	}
 	c.Remediation.applyDefaults(c)
+	c.BurnIn.applyDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -44,6 +44,7 @@ const (
 	ReasonBuildRetried        = "build_retried" // the agent asked for work mid-build: the build is served again (next attempt)
 	ReasonClaimed             = "claimed"
 	ReasonDiscovered          = "discovered"
+	ReasonBurnInStarted       = "burnin_started" // inspected; inspecting until step burn_in passes (burnin.go)
 )
 
 // errNoChange tells update that fn decided to write nothing.

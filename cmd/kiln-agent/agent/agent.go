@@ -105,7 +105,8 @@ type Config struct {
 	// (the machine's own; tests pass a software TPM).
 	OpenTPM func() (*attest.TPM, error)
 
-	erase eraseHooks // tests: fault injection into the erase (erase.go)
+	erase  eraseHooks  // tests: fault injection into the erase (erase.go)
+	burnIn burnInHooks // tests: fault injection into the burn-in (burnin.go)
 	// pageCacheIO (benchmarks): the I/O of the agent before issue 15 — image writes
 	// through the page cache, the read-back reading and hashing in turn — to compare with.
 	pageCacheIO bool
@@ -374,6 +375,7 @@ type progress struct {
 	step     string
 	frac     atomic.Uint64 // progress in per-mille (0..1000)
 	lastTen  atomic.Int64
+	label    atomic.Pointer[string] // what the heartbeat's message names before the percentage
 	stop     chan struct{}
 	done     chan struct{}
 	interval time.Duration
@@ -397,8 +399,12 @@ func (a *Agent) startProgress(ctx context.Context, step string, interval time.Du
 				return
 			case <-t.C:
 				pm := p.frac.Load()
+				msg := fmt.Sprintf("%d%%", pm/10)
+				if l := p.label.Load(); l != nil {
+					msg = *l + " " + msg
+				}
 				a.heartbeat(ctx, agentapi.Report{Step: step, State: agentapi.StateRunning, Progress: float64(pm) / 1000,
-					Message: fmt.Sprintf("%d%%", pm/10)})
+					Message: msg})
 			}
 		}
 	}()
@@ -419,6 +425,9 @@ func (p *progress) set(f float64) {
 		p.a.say("step %s %d%%", p.step, ten*10)
 	}
 }
+
+// setLabel makes the heartbeats name s (the burn-in's test) before the percentage.
+func (p *progress) setLabel(s string) { p.label.Store(&s) }
 
 func (p *progress) end() {
 	close(p.stop)
@@ -468,6 +477,10 @@ func (a *Agent) Run(ctx context.Context, log *slog.Logger) error {
 		case agentapi.ActionErase:
 			_ = a.Erase(ctx, &task)
 		case agentapi.ActionInspect:
+			if task.BurnIn != nil {
+				_ = a.BurnIn(ctx, &task) // on the inventory just sent (burnin.go)
+				break
+			}
 			if registered {
 				break // the inventory just sent is the inspection
 			}

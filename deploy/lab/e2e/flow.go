@@ -67,7 +67,10 @@ type Result struct {
 	DiskUntouched bool   // the disk is all zeros (failing path)
 	Cidata        map[string]string
 	DiskBooted    bool // BIOS: the image's boot sector ran after the exit-to-disk script
-	Lab           *labnet.Lab
+	// BurnIn summarises the machine's burn-in record when one ran before it
+	// was available (issue 17: "passed cpu=1.0s memory=... "), "" otherwise.
+	BurnIn string
+	Lab    *labnet.Lab
 }
 
 const (
@@ -185,6 +188,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if w.last.State != client.StateAvailable {
 		return r, fmt.Errorf("inspection ended %s (%s): %s", w.last.State, w.last.Reason, w.last.Message)
+	}
+	if b := w.last.BurnIn; b != nil {
+		r.BurnIn = fmt.Sprintf("passed=%v policy=%s", b.Passed, b.Policy)
+		for _, x := range b.Tests {
+			r.BurnIn += fmt.Sprintf(" %s=%v/%.1fs", x.Name, x.Passed, x.Duration.Seconds())
+		}
+		say("burn-in: %s", r.BurnIn)
 	}
 	say("claim: provisioning %s with %s", r.MachineID, im.ID)
 	if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: api.Claim{Image: im.ID,
