@@ -72,7 +72,7 @@ func (c *Controller) campaignAction(action string) (CampaignAction, error) {
 	case store.CampaignActionOSImage:
 		return osImageAction{}, nil
 	case store.CampaignActionFirmware, store.CampaignActionBIOS:
-		if c.cfg.Firmware == nil {
+		if c.firmwareApplier() == nil {
 			return nil, fmt.Errorf("%w: action %s: no firmware applier is wired into this appliance (Config.Firmware)", ErrInvalid, action)
 		}
 		return bmcAction{kind: action}, nil
@@ -890,9 +890,9 @@ func (c *Controller) applyBMC(camp store.Campaign, id, kind string) {
 		}
 		var err error
 		if kind == store.CampaignActionFirmware {
-			err = c.cfg.Firmware.ApplyFirmware(ctx, id, camp.Baseline)
+			err = c.firmwareApplier().ApplyFirmware(ctx, id, camp.Baseline)
 		} else {
-			err = c.cfg.Firmware.ApplyBIOS(ctx, id, camp.BIOS)
+			err = c.firmwareApplier().ApplyBIOS(ctx, id, camp.BIOS)
 		}
 		now := c.now()
 		if err != nil {

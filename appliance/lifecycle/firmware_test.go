@@ -290,3 +290,53 @@ func mustTarget(t *testing.T, f *fwFleet, id string) bmc.Target {
 	}
 	return tg
 }
+
+// A firmware or bios campaign rolls the machine's model baseline through
+// the controller's own apply (baselineApplier, the campaigns' applier when
+// Config.Firmware is nil): another baseline's name and BIOS attributes that
+// are not the baseline's are refused before the BMC is touched.
+func TestCampaignBaselineApplier(t *testing.T) {
+	st := newStore(t)
+	h := newHarness(t, st, func(c *Config) { c.Inspection = InspectManual })
+	f := &fwFleet{vbmcFleet: newVBMCFleet(t), ipmi: map[string]bool{}}
+	h.c.bmc = f
+	imgs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/images/bios-2.1.0.fw" {
+			_, _ = w.Write(vbmc.FirmwareImage("BIOS", "2.1.0", []byte("rom")))
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer imgs.Close()
+	m1, err := st.PutMachine(bg, store.Machine{Name: "n1", BMC: "bmc-n1", Intended: store.Hardware{Vendor: "Acme", Model: "R1"}},
+		store.W{Actor: "test", Reason: "setup"})
+	must(t, err)
+	f.addModel(m1.ID, "Acme", "R1", vbmc.Quirks{})
+	if h.c.firmwareApplier() == nil {
+		t.Fatal("no applier with a BMC wired")
+	}
+	a := h.c.firmwareApplier()
+	if err := a.ApplyFirmware(bg, m1.ID, "x"); !errors.Is(err, ErrNoBaseline) {
+		t.Fatalf("no baseline yet: %v", err)
+	}
+	bl, err := h.c.SetBaseline(bg, store.Baseline{Vendor: "acme", Model: "r1",
+		Firmware: []store.BaselineFirmware{{Component: "BIOS", Version: "2.1.0", ImageURI: imgs.URL + "/images/bios-2.1.0.fw"}},
+		BIOS:     map[string]string{"ProcVirtualization": "Disabled"}}, store.W{Actor: "api:alice"})
+	must(t, err)
+	if err := a.ApplyFirmware(bg, m1.ID, "another-model"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("another baseline's name: %v", err)
+	}
+	if err := a.ApplyBIOS(bg, m1.ID, map[string]string{"ProcVirtualization": "Enabled"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("BIOS value outside the baseline: %v", err)
+	}
+	if fw, _, _ := f.srv[m1.ID].Firmware("1"); fw["BIOS"] != "1.0.0" {
+		t.Fatalf("refused calls touched the BMC: BIOS %s", fw["BIOS"])
+	}
+	must(t, a.ApplyFirmware(bg, m1.ID, bl.ID))
+	must(t, a.ApplyBIOS(bg, m1.ID, map[string]string{"ProcVirtualization": "Disabled"}))
+	fw, _, _ := f.srv[m1.ID].Firmware("1")
+	cur, _, _ := f.srv[m1.ID].BIOSAttributes("1")
+	if fw["BIOS"] != "2.1.0" || cur["ProcVirtualization"] != "Disabled" {
+		t.Fatalf("vbmc after the campaign applier: %v %v", fw, cur)
+	}
+}
