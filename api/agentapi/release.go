@@ -161,7 +161,7 @@ const WhenAlways = "always"
 // LayerPartPrefix prefixes the GPT partition name of every non-base layer.
 const LayerPartPrefix = "kiln-layer-"
 
-// Partition names of a built disk (the agent, cmd/kiln-agent/DESIGN.md "Layered build").
+// Partition names of a built disk (the agent, cmd/kiln-agent/DESIGN.md "Layered build (issue 15)").
 const (
 	PartRoot       = "kiln-root"        // the base image's read-only root (the dm-verity data)
 	PartRootVerity = "kiln-root-verity" // its hash tree, when not appended to kiln-root

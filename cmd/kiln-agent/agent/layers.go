@@ -23,7 +23,7 @@ import (
 	"kiln/cmd/kiln-agent/inventory"
 )
 
-// The layered build (issue 15, cmd/kiln-agent/DESIGN.md "Layered build"): Task.Layers
+// The layered build (issue 15, cmd/kiln-agent/DESIGN.md "Layered build (issue 15)"): Task.Layers
 // set. The base layer (Layers[0]) is a whole GPT disk image written at offset 0; every
 // other layer goes into its own appended GPT partition kiln-layer-<name>, then the
 // per-node ext4 file system into kiln-node.
