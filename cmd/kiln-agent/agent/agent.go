@@ -682,30 +682,9 @@ func (a *Agent) Provision(ctx context.Context, task *agentapi.Task) (map[string]
 		if dev.Size < need {
 			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskTooSmall, "%s has %d bytes, image and stage need %d", disk.Path, dev.Size, need)
 		}
-		if disk.Health == "failing" {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "%s reports failing health", disk.Path)
-		}
-		if disk.Health == "" {
-			disk.Health = inventory.HealthNotReported
-		}
-		mbps, err := ReadTest(disk.Path, min(a.cfg.ReadTestBytes, dev.Size))
+		mbps, err := a.checkDisk(&disk, dev, task)
 		if err != nil {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read test on %s: %v", disk.Path, err)
-		}
-		if task.MinReadMBps > 0 && mbps < task.MinReadMBps {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskTooSlow, "%s reads %.1f MB/s, floor %.1f", disk.Path, mbps, task.MinReadMBps)
-		}
-		what, err := Foreign(dev, dev.SectorSize)
-		if err != nil {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read %s: %v", disk.Path, err)
-		}
-		if what != "" && !task.Wipe {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonForeignOSPresent, "%s holds a %s and the machine is not marked for wipe", disk.Path, what)
-		}
-		if what != "" {
-			if err := a.wipeSignatures(dev); err != nil {
-				return "", fail(agentapi.StepCheck, agentapi.ReasonWriteFailed, "wipe %s: %v", disk.Path, err)
-			}
+			return "", err
 		}
 		return fmt.Sprintf("disk %s (%s) %d bytes health %s read %.0f MB/s", disk.Path, disk.Name, dev.Size, disk.Health, mbps), nil
 	})
@@ -1135,4 +1114,38 @@ func sanitize(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// checkDisk is the check step's disk rules, shared by the plain and the
+// layered build: health (an unreported one is recorded as not_reported in
+// disk), the read-speed floor, and no foreign data unless the machine is
+// marked for wipe (then its signatures are wiped). Returns the measured
+// read speed in MB/s; errors are *StepError of StepCheck.
+func (a *Agent) checkDisk(disk *agentapi.Disk, dev *Device, task *agentapi.Task) (float64, error) {
+	if disk.Health == "failing" {
+		return 0, fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "%s reports failing health", disk.Path)
+	}
+	if disk.Health == "" {
+		disk.Health = inventory.HealthNotReported
+	}
+	mbps, err := ReadTest(disk.Path, min(a.cfg.ReadTestBytes, dev.Size))
+	if err != nil {
+		return 0, fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read test on %s: %v", disk.Path, err)
+	}
+	if task.MinReadMBps > 0 && mbps < task.MinReadMBps {
+		return 0, fail(agentapi.StepCheck, agentapi.ReasonDiskTooSlow, "%s reads %.1f MB/s, floor %.1f", disk.Path, mbps, task.MinReadMBps)
+	}
+	what, err := Foreign(dev, dev.SectorSize)
+	if err != nil {
+		return 0, fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read %s: %v", disk.Path, err)
+	}
+	if what != "" && !task.Wipe {
+		return 0, fail(agentapi.StepCheck, agentapi.ReasonForeignOSPresent, "%s holds a %s and the machine is not marked for wipe", disk.Path, what)
+	}
+	if what != "" {
+		if err := a.wipeSignatures(dev); err != nil {
+			return 0, fail(agentapi.StepCheck, agentapi.ReasonWriteFailed, "wipe %s: %v", disk.Path, err)
+		}
+	}
+	return mbps, nil
 }

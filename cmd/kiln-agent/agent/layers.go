@@ -20,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kiln/api/agentapi"
-	"kiln/cmd/kiln-agent/inventory"
 )
 
 // The layered build (issue 15, cmd/kiln-agent/DESIGN.md "Layered build (issue 15)"): Task.Layers
@@ -175,30 +174,9 @@ func (a *Agent) provisionLayers(ctx context.Context, task *agentapi.Task) (map[s
 		if dev.Size < need {
 			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskTooSmall, "%s has %d bytes, %d layers and kiln-node need %d", disk.Path, dev.Size, len(task.Layers), need)
 		}
-		if disk.Health == "failing" {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "%s reports failing health", disk.Path)
-		}
-		if disk.Health == "" {
-			disk.Health = inventory.HealthNotReported
-		}
-		mbps, err := ReadTest(disk.Path, min(a.cfg.ReadTestBytes, dev.Size))
+		mbps, err := a.checkDisk(&disk, dev, task)
 		if err != nil {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read test on %s: %v", disk.Path, err)
-		}
-		if task.MinReadMBps > 0 && mbps < task.MinReadMBps {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskTooSlow, "%s reads %.1f MB/s, floor %.1f", disk.Path, mbps, task.MinReadMBps)
-		}
-		what, err := Foreign(dev, dev.SectorSize)
-		if err != nil {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonDiskUnhealthy, "read %s: %v", disk.Path, err)
-		}
-		if what != "" && !task.Wipe {
-			return "", fail(agentapi.StepCheck, agentapi.ReasonForeignOSPresent, "%s holds a %s and the machine is not marked for wipe", disk.Path, what)
-		}
-		if what != "" {
-			if err := a.wipeSignatures(dev); err != nil {
-				return "", fail(agentapi.StepCheck, agentapi.ReasonWriteFailed, "wipe %s: %v", disk.Path, err)
-			}
+			return "", err
 		}
 		names := make([]string, len(task.Layers))
 		for i, l := range task.Layers {
