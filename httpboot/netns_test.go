@@ -83,7 +83,7 @@ func TestRealCurl(t *testing.T) {
 			t.Fatalf("%v\n%s", err, out)
 		}
 		out, _ = curl(l, dir, "-w", "%{http_code}", base+"/ipxe/52:54:00:00:00:02")
-		if !strings.HasSuffix(out, "exit\n200") {
+		if !strings.HasSuffix(out, "exit 1\n200") {
 			t.Fatalf("local: %s", out)
 		}
 	})

@@ -186,14 +186,19 @@ func Script(p ScriptParams, b Boot) (string, error) {
 	return sb.String(), nil
 }
 
-// LocalScript is the script that leaves iPXE for the local disk. "exit"
-// returns control to the firmware, which tries its next boot device: UEFI
-// proceeds through BootOrder; SeaBIOS and most BIOSes continue with the next
-// device in their boot list. (A BIOS that instead halts after a failed
-// network boot would need "sanboot --no-describe --drive 0x80"; Kiln uses
-// plain "exit" for both.) host must already be display-safe.
+// LocalScript is the script that leaves iPXE for the local disk. It ends
+// with "exit 1": a failed boot, so control returns to the firmware, which
+// tries its next boot device (UEFI: the next Boot#### in BootOrder; SeaBIOS
+// and most BIOSes: the next device in their boot list). The status must be
+// non-zero: a chained iPXE (ipxe.efi, undionly.kpxe from ipxedust) runs this
+// script from its embedded one as "autoboot || exit", and a plain "exit"
+// (status 0) reads there as a successful boot, so the embedded script goes
+// on to DHCP and chain this script again and ends at an iPXE shell instead
+// of the disk (seen with OVMF in the HA lab). (A BIOS that halts after a
+// failed network boot would need "sanboot --no-describe --drive 0x80"; Kiln
+// uses the exit for both.) host must already be display-safe.
 func LocalScript(host string) string {
-	return "#!ipxe\n# kiln: action=local\necho Kiln: booting " + host + " from local disk\nexit\n"
+	return "#!ipxe\n# kiln: action=local\necho Kiln: booting " + host + " from local disk\nexit 1\n"
 }
 
 // retryScript is served when the Backend fails transiently: the machine waits

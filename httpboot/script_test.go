@@ -44,7 +44,7 @@ func TestScriptLocalAndDiscover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s != "#!ipxe\n# kiln: action=local\necho Kiln: booting db-1___evil_ from local disk\nexit\n" {
+	if s != "#!ipxe\n# kiln: action=local\necho Kiln: booting db-1___evil_ from local disk\nexit 1\n" {
 		t.Fatalf("local script:\n%s", s)
 	}
 	s, err = Script(testParams, Boot{Action: ActionDiscover})

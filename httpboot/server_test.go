@@ -238,13 +238,13 @@ func TestScriptRoutes(t *testing.T) {
 	if _, s2 := get("52-54-00-00-00-01"); s2 != s {
 		t.Fatalf("hyphen MAC differs:\n%s", s2)
 	}
-	if code, s = get("52:54:00:00:00:02"); code != 200 || !strings.HasSuffix(s, "\nexit\n") {
+	if code, s = get("52:54:00:00:00:02"); code != 200 || !strings.HasSuffix(s, "\nexit 1\n") {
 		t.Fatalf("local: %d\n%s", code, s)
 	}
-	if code, s = get("52:54:00:00:00:03"); code != 200 || !strings.HasSuffix(s, "\nexit\n") || strings.Contains(s, "evil") {
+	if code, s = get("52:54:00:00:00:03"); code != 200 || !strings.HasSuffix(s, "\nexit 1\n") || strings.Contains(s, "evil") {
 		t.Fatalf("unsafe token: %d\n%s", code, s)
 	}
-	if code, s = get("52:54:00:00:00:99"); code != 200 || !strings.HasSuffix(s, "\nexit\n") {
+	if code, s = get("52:54:00:00:00:99"); code != 200 || !strings.HasSuffix(s, "\nexit 1\n") {
 		t.Fatalf("unknown (exit policy): %d\n%s", code, s)
 	}
 	if code, _ = get("not-a-mac"); code != 400 {

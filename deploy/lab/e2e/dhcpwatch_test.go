@@ -81,3 +81,26 @@ func FuzzDHCPWatchFrame(f *testing.F) {
 		(&dhcpWatch{}).frame(b, time.Now())
 	})
 }
+
+// TestUEFITriedDisk: the serial console of an OVMF VM after the
+// exit-to-disk script, as seen in the HA lab before the fix (two PXE
+// options, then an iPXE shell) and after it (the disk's option).
+func TestUEFITriedDisk(t *testing.T) {
+	pxe := `BdsDxe: loading Boot0003 "UEFI PXEv4 (MAC:525400990202) 2" from PciRoot(0x0)/Pci(0x1,0x0)/MAC(525400990202,0x1)/IPv4(0.0.0.0)` + "\r\n"
+	disk := `BdsDxe: loading Boot0004 "UEFI Misc Device" from PciRoot(0x0)/Pci(0x3,0x0)` + "\r\n"
+	script := "Kiln: booting from local disk\r\n"
+	for _, c := range []struct {
+		name, serial string
+		want         bool
+	}{
+		{"no script yet", disk, false},
+		{"disk after the script", script + pxe + disk, true},
+		{"disk only before the last script", disk + script + pxe, false},
+		{"an iPXE shell after the script", script + disk + "iPXE> ", false},
+		{"network only", script + pxe, false},
+	} {
+		if got := uefiTriedDisk([]byte(c.serial)); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

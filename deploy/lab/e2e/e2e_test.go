@@ -98,6 +98,9 @@ func TestE2EUEFI(t *testing.T) {
 	gate(t)
 	r := run(t, Options{Firmware: "uefi", BMC: "redfish", DiskMiB: 64, ImageMiB: 24})
 	checkProvisioned(t, "uefi", r)
+	if !r.DiskBooted {
+		t.Error("after the build's exit-to-disk script, OVMF did not go on to the disk's boot option (an iPXE shell, or back to the network)")
+	}
 }
 
 // TestE2EDiskTooSmall: a VM whose disk is smaller than the image ends failed

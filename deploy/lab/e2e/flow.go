@@ -66,7 +66,7 @@ type Result struct {
 	DiskProblem   string // the first difference checkDisk found ("" when DiskImageOK)
 	DiskUntouched bool   // the disk is all zeros (failing path)
 	Cidata        map[string]string
-	DiskBooted    bool // BIOS: the image's boot sector ran after the exit-to-disk script
+	DiskBooted    bool // BIOS: the image's boot sector ran after the exit-to-disk script; UEFI: OVMF went on to the disk's boot option
 	// BurnIn summarises the machine's burn-in record when one ran before it
 	// was available (issue 17: "passed cpu=1.0s memory=... "), "" otherwise.
 	BurnIn string
@@ -227,6 +227,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			// the image's boot sector, which prints diskMsg on the serial port.
 			r.DiskBooted = waitSerial(ctx, stateDir, diskMsg, 60*time.Second)
 			say("reboot: exit to local disk; boot sector ran: %v", r.DiskBooted)
+		} else {
+			// The lab image holds no EFI loader; what shows the exit worked
+			// is OVMF moving on from the network to the disk's boot option.
+			r.DiskBooted = waitSerialFor(ctx, stateDir, 90*time.Second, uefiTriedDisk)
+			say("reboot: exit to local disk; OVMF went on to the disk's boot option: %v", r.DiskBooted)
 		}
 		stopVM(ctx, k, r.MachineID, lab)
 		if r.DiskProblem, err = checkDisk(disk, img); err != nil {
@@ -704,15 +709,48 @@ func stopVM(ctx context.Context, k *kiln, id string, lab *labnet.Lab) {
 }
 
 func waitSerial(ctx context.Context, dir, marker string, d time.Duration) bool {
+	return waitSerialFor(ctx, dir, d, func(b []byte) bool { return bytes.Contains(b, []byte(marker)) })
+}
+
+// waitSerialFor waits up to d for one of dir's serial logs to satisfy ok.
+func waitSerialFor(ctx context.Context, dir string, d time.Duration, ok func([]byte) bool) bool {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		logs, _ := filepath.Glob(filepath.Join(dir, "serial*.log"))
 		for _, l := range logs {
-			if b, err := os.ReadFile(l); err == nil && bytes.Contains(b, []byte(marker)) {
+			if b, err := os.ReadFile(l); err == nil && ok(b) {
 				return true
 			}
 		}
 		time.Sleep(250 * time.Millisecond)
+	}
+	return false
+}
+
+// localScriptMsg is what Kiln's exit-to-disk iPXE script prints
+// (httpboot.LocalScript).
+const localScriptMsg = "from local disk"
+
+// uefiTriedDisk reports whether OVMF, after the last exit-to-disk script
+// on the serial console b, went on to a boot option that is not a network
+// one: its BdsDxe prints `BdsDxe: loading Boot#### "<description>" from
+// <device path>`, and a network option's device path holds MAC(...). An
+// iPXE shell prompt after the script means iPXE never returned to the
+// firmware.
+func uefiTriedDisk(b []byte) bool {
+	s := string(b)
+	i := strings.LastIndex(s, localScriptMsg)
+	if i < 0 {
+		return false
+	}
+	rest := s[i:]
+	if strings.Contains(rest, "iPXE>") {
+		return false
+	}
+	for _, line := range strings.Split(rest, "\n") {
+		if j := strings.Index(line, "BdsDxe: loading Boot"); j >= 0 && !strings.Contains(line[j:], "MAC(") {
+			return true
+		}
 	}
 	return false
 }

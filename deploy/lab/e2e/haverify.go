@@ -166,13 +166,13 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 	sort.Strings(res.Dups)
 	res.DupAddrs = len(dups)
 
-	// The VMs: a BIOS VM's reboot exits to its disk, whose boot sector
-	// prints diskMsg on the serial port; give it a little time; then stop
-	// them all and read their disks.
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+	// The VMs: a reboot exits to the disk (a BIOS VM's boot sector prints
+	// diskMsg on the serial port; OVMF moves on to the disk's boot option);
+	// give them a little time; then stop them all and read their disks.
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		all := true
 		for _, v := range r.vms {
-			all = all && (v.spec.Firmware != "bios" || serialHas(filepath.Join(v.dir, "bmc"), diskMsg))
+			all = all && (v.last.State != client.StateProvisioned || leftForDisk(v.spec.Firmware, filepath.Join(v.dir, "bmc")))
 		}
 		if all {
 			break
@@ -207,9 +207,7 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 				hm.Seconds = v.settledAt.Sub(v.powerOn).Seconds()
 			}
 		}
-		if v.spec.Firmware == "bios" {
-			hm.DiskBooted = serialHas(filepath.Join(v.dir, "bmc"), diskMsg)
-		}
+		hm.DiskBooted = leftForDisk(v.spec.Firmware, filepath.Join(v.dir, "bmc"))
 		hm.AgentBoots = serialCount(filepath.Join(v.dir, "bmc"), agentStart)
 		if hm.AgentBoots != 1 {
 			problem("%s: the in-RAM agent started %d times, want 1 (a power cycle of a machine whose agent was alive, or a restarted build)", v.name, hm.AgentBoots)
@@ -229,6 +227,8 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 			problem("%s: disk: %s", v.name, hm.DiskProblem)
 		case !hm.Cidata:
 			problem("%s: the cidata partition lacks its hostname or instance id", v.name)
+		case !hm.DiskBooted:
+			problem("%s: provisioned, but after the exit-to-disk script the firmware did not go on to the disk (%s)", v.name, v.spec.Firmware)
 		default:
 			res.Provisioned++
 		}
@@ -269,6 +269,22 @@ func serialCount(dir, marker string) int {
 }
 
 // serialHas reports whether any serial log in dir contains marker.
+// leftForDisk reports whether the VM whose serial logs are in dir left the
+// network boot for its disk: BIOS, the image's boot sector ran; UEFI, OVMF
+// went on to the disk's boot option (uefiTriedDisk).
+func leftForDisk(firmware, dir string) bool {
+	if firmware == "bios" {
+		return serialHas(dir, diskMsg)
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "serial*.log"))
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil && uefiTriedDisk(b) {
+			return true
+		}
+	}
+	return false
+}
+
 func serialHas(dir, marker string) bool {
 	logs, _ := filepath.Glob(filepath.Join(dir, "serial*.log"))
 	for _, l := range logs {
