@@ -93,14 +93,33 @@ func TestE2EBIOS(t *testing.T) {
 	}
 }
 
-// TestE2EUEFI: OVMF + iPXE EFI, the virtual Redfish BMC, to provisioned.
+// TestE2EUEFI: OVMF + iPXE EFI, the virtual Redfish BMC and a TPM 2.0
+// (swtpm), to provisioned through the attestation gate (issue 16): the
+// first claim of the model is refused (no approved state) with nothing
+// staged; its measured boot is learned and approved; the second build
+// attests, passes and is provisioned with the claim's join data on disk.
 func TestE2EUEFI(t *testing.T) {
 	gate(t)
-	r := run(t, Options{Firmware: "uefi", BMC: "redfish", DiskMiB: 64, ImageMiB: 24})
+	testreq.Commands(t, "swtpm", "swtpm_setup") // the attested UEFI e2e gives the VM a TPM 2.0
+	r := run(t, Options{Firmware: "uefi", BMC: "redfish", DiskMiB: 64, ImageMiB: 24, Attest: true, ExtraConfig: e2eAttest})
 	checkProvisioned(t, "uefi", r)
 	if !r.DiskBooted {
 		t.Error("after the build's exit-to-disk script, OVMF did not go on to the disk's boot option (an iPXE shell, or back to the network)")
 	}
+	if r.AttestPassed == nil || r.AttestPassed.Result != "passed" || r.AttestPassed.State == "" || r.AttestPassed.Events == 0 {
+		t.Fatalf("the provisioned build's attestation: %+v, want passed against an approved state", r.AttestPassed)
+	}
+	if r.AttestRefused == nil || r.AttestRefused.Events == 0 {
+		t.Errorf("the reference build's refusal: %+v", r.AttestRefused)
+	}
+	if !r.JoinDataStaged {
+		t.Error("the attested build's disk holds no join data")
+	}
+	if r.AttestSeconds <= 0 {
+		t.Error("no attest step started→succeeded in the passing build's events")
+	}
+	fmt.Printf("e2e: attested uefi provisioned in %.1f s (attest step %.2f s; the model's first build refused: %s)\n",
+		r.Seconds, r.AttestSeconds, r.AttestRefused.Reason)
 }
 
 // TestE2EDiskTooSmall: a VM whose disk is smaller than the image ends failed

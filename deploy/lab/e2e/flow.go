@@ -30,6 +30,7 @@ import (
 	"kiln/deploy/lab/ipmilab"
 	"kiln/deploy/lab/labimage"
 	"kiln/deploy/lab/labnet"
+	"kiln/deploy/lab/swtpm"
 )
 
 // Options of one run.
@@ -52,6 +53,14 @@ type Options struct {
 	ExtraConfig string
 	// MemMiB is each VM's memory (0: 512).
 	MemMiB int
+	// Attest gives the VM a TPM 2.0 (swtpm) and runs the attestation
+	// gate (issue 16): the first claim is refused (no approved state),
+	// the operator learns and approves the VM's measured boot as the
+	// model's reference, has it inspected again and claims it again; that
+	// build attests, passes and gets the claim's join data. The caller's
+	// ExtraConfig must require attestation (e2eAttest).
+	Attest    bool
+	qemuExtra []string // appended to the VM's qemu arguments (the TPM)
 }
 
 // Result of a run.
@@ -70,7 +79,14 @@ type Result struct {
 	// BurnIn summarises the machine's burn-in record when one ran before it
 	// was available (issue 17: "passed cpu=1.0s memory=... "), "" otherwise.
 	BurnIn string
-	Lab    *labnet.Lab
+	// Attest runs only: the refused reference build's attestation, the
+	// passing one's, the attest step's time in the passing build (the
+	// step's started→succeeded events, Kiln's clock), and whether the
+	// claim's join data is on the disk.
+	AttestRefused, AttestPassed *api.Attestation
+	AttestSeconds               float64
+	JoinDataStaged              bool
+	Lab                         *labnet.Lab
 }
 
 const (
@@ -138,6 +154,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 
+	if o.Attest {
+		tpm, err := swtpm.StartQEMU(filepath.Join(o.Work, "tpm"))
+		if err != nil {
+			return nil, fmt.Errorf("swtpm: %w", err)
+		}
+		if !o.KeepUp {
+			defer tpm.Close()
+		}
+		o.qemuExtra = tpm.Args
+		say("tpm: swtpm (TPM 2.0, EK certificate) attached to the VM")
+	}
 	bmcAddr, driver, stateDir, err := startBMC(ctx, o, lab, disk)
 	if err != nil {
 		return nil, err
@@ -197,14 +224,29 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		say("burn-in: %s", r.BurnIn)
 	}
 	say("claim: provisioning %s with %s", r.MachineID, im.ID)
-	if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: api.Claim{Image: im.ID,
-		Hostname: "lab-node-1", Role: "worker", Labels: map[string]string{"lab": "e2e"}}}); err != nil {
+	claim := api.Claim{Image: im.ID, Hostname: "lab-node-1", Role: "worker", Labels: map[string]string{"lab": "e2e"}}
+	if o.Attest {
+		claim.JoinData = attestJoinData
+	}
+	settled := func(m api.Machine) bool {
+		return m.State == client.StateProvisioned || m.State == client.StateFailed || m.State == client.StateQuarantined
+	}
+	if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: claim}); err != nil {
 		return r, fmt.Errorf("provision: %w", err)
 	}
-	if err := w.until(ctx, func(m api.Machine) bool {
-		return m.State == client.StateProvisioned || m.State == client.StateFailed || m.State == client.StateQuarantined
-	}); err != nil {
+	if err := w.until(ctx, settled); err != nil {
 		return r, err
+	}
+	if o.Attest {
+		if err := attestReference(ctx, k, w, r, disk, im.ID, claim, say); err != nil {
+			return r, err
+		}
+		if err := w.until(ctx, settled); err != nil {
+			return r, err
+		}
+		r.AttestPassed = w.last.Attestation
+		r.AttestSeconds = attestStepSeconds(w.seen, r.MachineID)
+		say("attest: %s in %.2f s (state %s)", attestSummary(w.last.Attestation), r.AttestSeconds, attestState(w.last.Attestation))
 	}
 	r.FinalState, r.Reason = w.last.State, w.last.Reason
 	r.PowerOnAt = w.powerOn
@@ -234,6 +276,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			say("reboot: exit to local disk; OVMF went on to the disk's boot option: %v", r.DiskBooted)
 		}
 		stopVM(ctx, k, r.MachineID, lab)
+		if o.Attest {
+			b, err := os.ReadFile(disk)
+			if err != nil {
+				return r, err
+			}
+			r.JoinDataStaged = bytes.Contains(b, []byte(attestJoinData))
+			say("attest: the claim's join data is on the disk: %v", r.JoinDataStaged)
+		}
 		if r.DiskProblem, err = checkDisk(disk, img); err != nil {
 			return r, err
 		}
@@ -595,7 +645,7 @@ func startBMC(ctx context.Context, o Options, lab *labnet.Lab, disk string) (add
 			return "", "", "", err
 		}
 	}
-	args := qemuArgs(o, disk)
+	args := append(qemuArgs(o, disk), o.qemuExtra...)
 	switch o.BMC {
 	case "ipmi":
 		// Left running: the lab's teardown ends it with everything in the
