@@ -84,7 +84,7 @@ func TestScriptRefusesUnsafe(t *testing.T) {
 // that broke out of its slot would produce a line matching none of them.
 var scriptLine = regexp.MustCompile(`^(#!ipxe|# kiln: action=(agent|discover|local)` +
 	`|echo Kiln: provisioning environment for (machine [A-Za-z0-9._:-]+|discovery) host [A-Za-z0-9._-]*` +
-	`|echo Kiln: booting [A-Za-z0-9._-]* from local disk|exit` +
+	`|echo Kiln: booting [A-Za-z0-9._-]* from local disk|exit 1` +
 	`|set kiln-try:int32 0|:kiln-retry|:kiln-wait|:kiln-fail|inc kiln-try|imgfree|boot \|\| goto kiln-wait` +
 	`|iseq \$\{kiln-try\} \d+ && goto kiln-fail \|\|` +
 	`|kernel --name vmlinuz --timeout \d+ \S+/env/vmlinuz( [A-Za-z0-9._:/=,+@%~-]+)+ \|\| goto kiln-wait` +
