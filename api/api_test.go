@@ -1114,3 +1114,68 @@ func realBackend(t *testing.T) Backend {
 	t.Helper()
 	return lifecycletest.New(t).Backend()
 }
+
+// TestEventsSubject: ?subject= returns that subject's events only, in
+// order, across the server's scan pages; Next lets a follower page on
+// without missing one; a long-poll with subject is not ended by another
+// subject's event, and is by its own.
+func TestEventsSubject(t *testing.T) {
+	h := newHarness(t)
+	var want []uint64
+	for i := 0; i < 2600; i++ {
+		subj := "machine/b"
+		if i%700 == 3 {
+			subj = "machine/a"
+		}
+		idx := h.addEvent(store.Event{Subject: subj, Kind: "step"})
+		if subj == "machine/a" {
+			want = append(want, idx)
+		}
+	}
+	var got []uint64
+	after := uint64(0)
+	for n := 0; n < 20; n++ {
+		r := h.do("GET", fmt.Sprintf("/v1/events?after=%d&limit=2&subject=machine/a", after), viewerTok, nil)
+		h.want(r, 200, "")
+		var el EventList
+		r.into(t, &el)
+		for _, e := range el.Events {
+			if e.Subject != "machine/a" {
+				t.Fatalf("subject filter returned %+v", e)
+			}
+			got = append(got, e.Index)
+		}
+		if el.Next == after {
+			break
+		}
+		after = el.Next
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("machine/a events %v, want %v", got, want)
+	}
+
+	done := make(chan EventList, 1)
+	go func() {
+		r := h.do("GET", fmt.Sprintf("/v1/events?after=%d&wait=20s&subject=machine/a", after), viewerTok, nil)
+		var el EventList
+		r.into(t, &el)
+		done <- el
+	}()
+	time.Sleep(200 * time.Millisecond)
+	h.addEvent(store.Event{Subject: "machine/b", Kind: "step"})
+	select {
+	case el := <-done:
+		t.Fatalf("another subject's event ended the wait: %+v", el)
+	case <-time.After(400 * time.Millisecond):
+	}
+	idx := h.addEvent(store.Event{Subject: "machine/a", Kind: "transition", From: "a", To: "b"})
+	select {
+	case el := <-done:
+		if len(el.Events) != 1 || el.Events[0].Index != idx || el.Next != idx {
+			t.Fatalf("long-poll with subject: %+v", el)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("long-poll with subject did not return after its event")
+	}
+	h.want(h.do("GET", "/v1/events?subject="+strings.Repeat("x", 300), viewerTok, nil), 400, "invalid")
+}

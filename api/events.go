@@ -31,9 +31,22 @@ func (s *Server) getJob(c echo.Context) error {
 	return c.JSON(http.StatusOK, jobView(j))
 }
 
-// events serves ?after=CURSOR&limit=N&wait=DURATION. With wait, an empty
-// answer is held until an event arrives or the wait (capped at
-// MaxEventWait) ends; then it returns what there is (possibly nothing).
+// Subject filter bounds (GET /v1/events?subject=): one read scans the
+// feed in pages of eventScanPage and at most eventScanMax events, then
+// answers with the matches so far and Next at the last event scanned, so
+// a follower never misses one and a request never scans the whole log.
+const (
+	eventScanPage = 1000
+	eventScanMax  = 50000
+	maxSubjectLen = 256
+)
+
+// events serves ?after=CURSOR&limit=N&wait=DURATION&subject=KIND/ID. With
+// wait, an empty answer is held until an event (a matching one, with
+// subject) arrives or the wait (capped at MaxEventWait) ends; then it
+// returns what there is (possibly nothing). With subject (e.g.
+// machine/m-1), only that subject's events are returned; Next may then
+// move past events that did not match.
 func (s *Server) events(c echo.Context) error {
 	var after uint64
 	if v := c.QueryParam("after"); v != "" {
@@ -54,36 +67,71 @@ func (s *Server) events(c echo.Context) error {
 		}
 		wait = min(wait, s.cfg.MaxEventWait)
 	}
-	read := func() ([]store.Event, error) {
-		if after == math.MaxUint64 {
+	subject := c.QueryParam("subject")
+	if len(subject) > maxSubjectLen {
+		return invalid("subject", "at most 256 bytes, e.g. machine/m-1")
+	}
+	// read returns up to limit events after from (of subject, when set)
+	// and the cursor after them: the last event read or scanned.
+	read := func(from uint64) ([]store.Event, uint64, error) {
+		if from == math.MaxUint64 {
 			// No event follows the largest index, and a backend seeking
 			// to after+1 would wrap to 0 and return the whole log.
-			return nil, nil
+			return nil, from, nil
 		}
-		return s.b.Events(after, limit)
+		if subject == "" {
+			evs, err := s.b.Events(from, limit)
+			if err != nil || len(evs) == 0 {
+				return nil, from, err
+			}
+			return evs, evs[len(evs)-1].Index, nil
+		}
+		var out []store.Event
+		cur := from
+		for scanned := 0; scanned < eventScanMax; {
+			page, err := s.b.Events(cur, eventScanPage)
+			if err != nil {
+				return nil, from, err
+			}
+			for _, e := range page {
+				cur = e.Index
+				scanned++
+				if e.Subject == subject {
+					if out = append(out, e); len(out) == limit {
+						return out, cur, nil
+					}
+				}
+			}
+			if len(page) < eventScanPage || cur == math.MaxUint64 {
+				break
+			}
+		}
+		return out, cur, nil
 	}
-	evs, err := read()
+	evs, next, err := read(after)
 	if err != nil {
 		return err
 	}
 	if len(evs) == 0 && wait > 0 {
 		ctx, cancel := context.WithTimeout(c.Request().Context(), wait)
 		defer cancel()
-		for len(evs) == 0 {
-			if err := s.b.WaitEvents(ctx, after); err != nil {
-				if ctx.Err() != nil && c.Request().Context().Err() == nil {
-					break // the wait ended with nothing new: answer empty
+		for len(evs) == 0 && ctx.Err() == nil {
+			if next == after {
+				if err := s.b.WaitEvents(ctx, after); err != nil {
+					if ctx.Err() != nil && c.Request().Context().Err() == nil {
+						break // the wait ended with nothing new: answer empty
+					}
+					return err
 				}
-				return err
 			}
-			if evs, err = read(); err != nil {
+			after = next
+			if evs, next, err = read(after); err != nil {
 				return err
 			}
 		}
+		if err := c.Request().Context().Err(); err != nil {
+			return err
+		}
 	}
-	out := EventList{Events: views(evs, eventView), Next: after}
-	if len(evs) > 0 {
-		out.Next = evs[len(evs)-1].Index
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, EventList{Events: views(evs, eventView), Next: next})
 }

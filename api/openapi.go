@@ -95,7 +95,8 @@ var docOps = []docOp{
 
 	{Method: "GET", Path: "/v1/events", Summary: "Event feed after a cursor; long-poll with wait. A cursor older than the retained log (store.events retention) is 410 cursor_expired with oldest_cursor in the error body: resync from /v1/site/status and the machines, then follow from oldest_cursor", Role: RoleViewer, Query: []docParam{
 		{Name: "after", Type: "integer", Desc: "cursor: event index (exclusive)"}, pLimit,
-		{Name: "wait", Type: "string", Desc: "long-poll duration, e.g. 30s (capped)"}}, Status: 200, Resp: EventList{}},
+		{Name: "wait", Type: "string", Desc: "long-poll duration, e.g. 30s (capped)"},
+		{Name: "subject", Type: "string", Desc: "only this subject's events, e.g. machine/m-1 (next may pass events that did not match)"}}, Status: 200, Resp: EventList{}},
 
 	{Method: "POST", Path: "/v1/agent/register", Summary: "Agent: register with inventory, get a task", Role: RoleAgent, Body: agentapi.Registration{}, Status: 200, Resp: agentapi.Task{}},
 	{Method: "GET", Path: "/v1/agent/task", Summary: "Agent: poll for the next task (X-Kiln-Machine header)", Role: RoleAgent, Status: 200, Resp: agentapi.Task{}},

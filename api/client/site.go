@@ -128,6 +128,9 @@ type EventQuery struct {
 	// MaxEventWait, 60 s by default), then answers with what there is,
 	// possibly nothing. The caller's context must outlast Wait.
 	Wait time.Duration
+	// Subject, when set, returns only that subject's events ("machine/m-1");
+	// the answer's Next may then pass events that did not match.
+	Subject string
 }
 
 // Events is GET /v1/events: up to q.Limit events after q.After, oldest
@@ -141,6 +144,9 @@ func (c *Client) Events(ctx context.Context, q EventQuery) (api.EventList, error
 	}
 	if q.Wait > 0 {
 		v.Set("wait", q.Wait.String())
+	}
+	if q.Subject != "" {
+		v.Set("subject", q.Subject)
 	}
 	var out api.EventList
 	_, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/events", query: v}, &out)

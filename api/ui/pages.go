@@ -109,6 +109,10 @@ type overviewPage struct {
 	RemedErr    string
 	Racks       []rackSummary
 	RackNames   map[string]string // rack ID → name, for the failures
+	// Campaigns not completed, newest first (the section shows only when
+	// the site has any: issue 18 "campaigns when they exist").
+	Campaigns    []api.Campaign
+	CampaignsErr string
 }
 
 type stateCount struct {
@@ -140,6 +144,15 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request, p principal, cl *c
 		pg.RemedErr = shortErr(err)
 	} else {
 		pg.Remediation = &rs
+	}
+	if cs, err := cl.ListCampaigns(ctx); err != nil {
+		pg.CampaignsErr = shortErr(err)
+	} else {
+		for i := len(cs) - 1; i >= 0; i-- {
+			if cs[i].State != "completed" {
+				pg.Campaigns = append(pg.Campaigns, cs[i])
+			}
+		}
 	}
 	h, err := u.loadHall(ctx, cl)
 	if err != nil {
@@ -432,49 +445,42 @@ func (u *UI) loadMachine(ctx context.Context, cl *client.Client, id string) (*ma
 	return pg, nil
 }
 
-// History bounds: the feed has no subject filter, so the machine page reads
-// it in pages from the oldest retained event, at most historyPages pages of
-// historyPage events, keeping the newest historyKeep of the machine's.
+// History bounds: the machine page reads the feed filtered to the
+// machine (GET /v1/events?subject=) from the oldest retained event, at most
+// historyPages answers of up to historyPage events (each answer scans a
+// bounded stretch of the feed), keeping the newest historyKeep.
 const (
 	historyPage  = 1000
 	historyPages = 50
 	historyKeep  = 100
 )
 
-// history returns the machine's newest events, newest first, and whether
+// history returns the subject's newest events, newest first, and whether
 // the search stopped before the end of the feed.
 func history(ctx context.Context, cl *client.Client, subject string) ([]api.Event, bool, error) {
 	var keep []api.Event
 	after := uint64(0)
+	newestFirst := func() []api.Event {
+		for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
+			keep[i], keep[j] = keep[j], keep[i]
+		}
+		return keep
+	}
 	for i := 0; i < historyPages; i++ {
-		el, err := cl.Events(ctx, client.EventQuery{After: after, Limit: historyPage})
+		el, err := cl.Events(ctx, client.EventQuery{After: after, Limit: historyPage, Subject: subject})
 		if err != nil {
-			var ce *client.Error
-			if errors.As(err, &ce) && ce.Code() == api.CodeCursorExpired && after == 0 {
-				return nil, false, err
-			}
 			return nil, false, err
 		}
-		for _, ev := range el.Events {
-			if ev.Subject == subject {
-				keep = append(keep, ev)
-				if len(keep) > historyKeep {
-					keep = keep[1:]
-				}
-			}
+		keep = append(keep, el.Events...)
+		if len(keep) > historyKeep {
+			keep = keep[len(keep)-historyKeep:]
 		}
-		if len(el.Events) < historyPage || el.Next == after {
-			for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
-				keep[i], keep[j] = keep[j], keep[i]
-			}
-			return keep, false, nil
+		if el.Next == after {
+			return newestFirst(), false, nil
 		}
 		after = el.Next
 	}
-	for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
-		keep[i], keep[j] = keep[j], keep[i]
-	}
-	return keep, true, nil
+	return newestFirst(), true, nil
 }
 
 func hardwareRows(m api.Machine) []hwRow {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"kiln/api"
+	"kiln/api/client"
 	"kiln/api/ui"
 	"kiln/store"
 )
@@ -289,5 +291,48 @@ func TestSessionAcrossKeyRotation(t *testing.T) {
 	s.setKeys(k2) // the old key dropped
 	if p := s.get(c, "/ui/racks"); p.code != http.StatusSeeOther {
 		t.Fatalf("after the old key is dropped: %d", p.code)
+	}
+}
+
+// TestOverviewCampaigns: the overview shows no campaign section on a site
+// without campaigns, and a created campaign, its action, state and waves,
+// once one exists (issue 18, "campaigns when they exist").
+func TestOverviewCampaigns(t *testing.T) {
+	s := newSite(t)
+	ms, racks := s.standardSite()
+	// Fixture: the provisioned machines of rack a01 carry a claim (an
+	// os_image campaign moves claimed machines only).
+	var claimed []store.Machine
+	for _, m := range ms {
+		if m.State == store.StateProvisioned && m.Rack == racks[0].ID {
+			m.Claim = &store.Claim{Image: s.image.ID, Role: "worker", Hostname: m.Name}
+			claimed = append(claimed, m)
+		}
+	}
+	if _, err := s.st.PutMachines(context.Background(), claimed, store.W{Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	c := s.httpClient()
+	s.signIn(c, viewerTok)
+	if p := s.get(c, "/ui/"); p.code != 200 || strings.Contains(p.body, `id="campaigns"`) || strings.Contains(p.body, "<h2>Campaigns</h2>") {
+		t.Fatalf("no campaigns: %d, campaign section shown", p.code)
+	}
+	cl, err := client.New(client.Config{Server: s.srv.URL, Token: adminTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := cl.CreateCampaign(context.Background(), api.CampaignRequest{Name: "os-a01", Action: "os_image",
+		Image: s.image.ID, Selector: api.CampaignSelector{Racks: []string{racks[0].ID}}, Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.get(c, "/ui/")
+	if p.code != 200 || !strings.Contains(p.body, `id="campaigns"`) || !strings.Contains(p.body, `data-campaign="`+cp.ID+`"`) {
+		t.Fatalf("campaign %s not on the overview (%d)", cp.ID, p.code)
+	}
+	for _, want := range []string{"os-a01", ">" + cp.State + "<", fmt.Sprintf("%d of %d", cp.Wave, cp.Waves)} {
+		if !strings.Contains(p.body, want) {
+			t.Errorf("overview lacks %q", want)
+		}
 	}
 }
