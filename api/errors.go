@@ -228,6 +228,12 @@ func (s *Server) classify(err error) (int, ErrorDetail) {
 		return http.StatusBadRequest, ErrorDetail{Code: CodeInvalid, Message: err.Error()}
 	case errors.Is(err, store.ErrTimeout), errors.Is(err, store.ErrClosed):
 		return http.StatusServiceUnavailable, ErrorDetail{Code: CodeUnavailable, Message: err.Error()}
+	case errors.Is(err, context.Canceled):
+		// The request's context ended before the answer: the client went
+		// away, or this node is shutting down (a long poll at its stop).
+		// Nothing failed here; a client that is still there retries.
+		return http.StatusServiceUnavailable, ErrorDetail{Code: CodeUnavailable,
+			Message: "request canceled (the client went away or this node is shutting down); retry: " + err.Error()}
 	case errors.As(err, &he):
 		d := ErrorDetail{Code: strings.ToLower(strings.ReplaceAll(http.StatusText(he.Code), " ", "_")),
 			Message: fmt.Sprint(he.Message)}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -19,6 +20,17 @@ func TestClassifyUnsupportedByCluster(t *testing.T) {
 		Old: map[string]store.CommandType{"n2": store.CmdRemoveMember}})
 	code, d := s.classify(err)
 	if code != http.StatusConflict || d.Code != CodeUnsupportedByCluster || !strings.Contains(d.Message, "n2") {
+		t.Fatalf("classified as %d %+v", code, d)
+	}
+}
+
+// TestClassifyCanceled: a handler error that is the request's own
+// cancellation (a long poll at the node's stop) is 503 unavailable with a
+// retry hint, never a 500 internal.
+func TestClassifyCanceled(t *testing.T) {
+	s := &Server{}
+	code, d := s.classify(fmt.Errorf("events: %w", context.Canceled))
+	if code != http.StatusServiceUnavailable || d.Code != CodeUnavailable || !strings.Contains(d.Message, "retry") {
 		t.Fatalf("classified as %d %+v", code, d)
 	}
 }
