@@ -649,7 +649,15 @@ func (r *haRun) control(ctx context.Context, res *HAResult) error {
 	lastLeaderCheck := time.Time{}
 	for {
 		if ctx.Err() != nil {
-			return fmt.Errorf("e2e-ha: timed out in fault phase %d: %w", phase, ctx.Err())
+			var where []string
+			for _, v := range r.vms {
+				step := ""
+				if st := v.last.Step; st != nil {
+					step = fmt.Sprintf(" step %s %s", st.Step, st.State)
+				}
+				where = append(where, fmt.Sprintf("%s %s (%s)%s %q", v.name, v.last.State, v.last.Reason, step, v.last.Message))
+			}
+			return fmt.Errorf("e2e-ha: timed out in fault phase %d (%s): %w", phase, strings.Join(where, "; "), ctx.Err())
 		}
 		if time.Since(lastLeaderCheck) > time.Second {
 			prev := r.leader

@@ -217,7 +217,8 @@ bmc:
   ipmi_cipher_suite: "3"
   ipmi_ignore_valid_bit: true
 lifecycle:
-  step_timeout: 10m
+  step_timeout: 4m
+  boot_timeout: 4m
   agent_poll_after: 1s
 `, n.id, n.data, n.raftAddr(), n.fwdAddr(), raft, n.ip, n.ip, strings.Join(peers, ", "),
 		filepath.Join(o.Root, "build/env"), filepath.Join(filepath.Dir(n.data), "images"))
