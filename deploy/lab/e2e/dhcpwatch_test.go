@@ -103,4 +103,22 @@ func TestUEFITriedDisk(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
+	// The HA run's weaker check: back in the firmware, even when its next
+	// option is a network boot without an offer (seen in CI during the
+	// partition).
+	noOffer := script + "Could not boot image: Error 0x00000001\r\n" +
+		`BdsDxe: failed to load Boot0002 "UEFI PXEv4 (MAC:525400990204)" from PciRoot(0x0)/Pci(0x1,0x0)/MAC(525400990204,0x1): Not Found` + "\r\n>>Start PXE over IPv4.\r\n  PXE-E16: No valid offer received.\r\n"
+	for _, c := range []struct {
+		name, serial string
+		want         bool
+	}{
+		{"a network option without an offer", noOffer, true},
+		{"the disk", script + pxe + disk, true},
+		{"an iPXE shell", script + pxe + "iPXE> ", false},
+		{"nothing after the script yet", script, false},
+	} {
+		if got := uefiReturnedToFirmware([]byte(c.serial)); got != c.want {
+			t.Errorf("returned to firmware, %s: %v, want %v", c.name, got, c.want)
+		}
+	}
 }

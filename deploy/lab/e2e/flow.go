@@ -805,6 +805,22 @@ func uefiTriedDisk(b []byte) bool {
 	return false
 }
 
+// uefiReturnedToFirmware reports whether, after the last exit-to-disk
+// script on the serial console b, iPXE gave control back to OVMF (a BdsDxe
+// line follows, no iPXE shell prompt). It is what the HA run can require:
+// there the firmware's next option may be another network boot that gets
+// no DHCP offer while the cluster has no leader that can commit a lease,
+// and OVMF reaches the disk only after that option's timeout.
+func uefiReturnedToFirmware(b []byte) bool {
+	s := string(b)
+	i := strings.LastIndex(s, localScriptMsg)
+	if i < 0 {
+		return false
+	}
+	rest := s[i:]
+	return !strings.Contains(rest, "iPXE>") && strings.Contains(rest, "BdsDxe: ")
+}
+
 // Expected layout of the disk after a build with stage, from the agent's
 // specification (cmd/kiln-agent/agent doc.go "stage" and parttable.go "MBR"),
 // not from the disk: the cidata partition starts at the image's end rounded up

@@ -87,7 +87,7 @@ type HAMachine struct {
 	DiskOK        bool
 	DiskProblem   string
 	Cidata        bool
-	DiskBooted    bool // it left the network boot for its disk (leftForDisk)
+	DiskBooted    bool // it left iPXE for its disk (leftForDisk)
 	AgentBoots    int  // times the in-RAM agent started on it (1: no needless power cycle, no restarted build)
 	Seconds       float64
 }

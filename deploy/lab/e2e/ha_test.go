@@ -54,7 +54,7 @@ func TestE2EHA(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range r.Machines {
-		t.Logf("%s (%s, %s/%s): %s (%s) in %.1f s, lease %s, %d ACKs, agent booted %d×, disk ok %v, cidata %v, left for its disk %v",
+		t.Logf("%s (%s, %s/%s): %s (%s) in %.1f s, lease %s, %d ACKs, agent booted %d×, disk ok %v, cidata %v, left iPXE for the firmware %v",
 			m.Name, m.ID, m.Firmware, m.BMC, m.State, m.Reason, m.Seconds, m.IP, m.ACKs, m.AgentBoots, m.DiskOK, m.Cidata, m.DiskBooted)
 	}
 	t.Logf("leader %s (agents of %v) killed at %.1f s (mid-build: %s), new leader %s in %.1f s", r.KilledNode, r.KilledServes, r.KilledAt,

@@ -167,7 +167,7 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 	res.DupAddrs = len(dups)
 
 	// The VMs: a reboot exits to the disk (a BIOS VM's boot sector prints
-	// diskMsg on the serial port; OVMF moves on to the disk's boot option);
+	// diskMsg on the serial port; iPXE hands OVMF back its boot order);
 	// give them a little time; then stop them all and read their disks.
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		all := true
@@ -228,7 +228,7 @@ func (r *haRun) verify(ctx context.Context, res *HAResult) error {
 		case !hm.Cidata:
 			problem("%s: the cidata partition lacks its hostname or instance id", v.name)
 		case !hm.DiskBooted:
-			problem("%s: provisioned, but after the exit-to-disk script the firmware did not go on to the disk (%s)", v.name, v.spec.Firmware)
+			problem("%s: provisioned, but after the exit-to-disk script it did not leave iPXE for the firmware's next boot device (%s)", v.name, v.spec.Firmware)
 		default:
 			res.Provisioned++
 		}
@@ -269,16 +269,18 @@ func serialCount(dir, marker string) int {
 }
 
 // serialHas reports whether any serial log in dir contains marker.
-// leftForDisk reports whether the VM whose serial logs are in dir left the
-// network boot for its disk: BIOS, the image's boot sector ran; UEFI, OVMF
-// went on to the disk's boot option (uefiTriedDisk).
+// leftForDisk reports whether the VM whose serial logs are in dir left
+// iPXE for its disk: BIOS, the image's boot sector ran; UEFI, iPXE gave
+// control back to OVMF after the exit-to-disk script
+// (uefiReturnedToFirmware: during the faults OVMF's next network option
+// may wait out its DHCP timeout before the disk's option comes).
 func leftForDisk(firmware, dir string) bool {
 	if firmware == "bios" {
 		return serialHas(dir, diskMsg)
 	}
 	logs, _ := filepath.Glob(filepath.Join(dir, "serial*.log"))
 	for _, l := range logs {
-		if b, err := os.ReadFile(l); err == nil && uefiTriedDisk(b) {
+		if b, err := os.ReadFile(l); err == nil && uefiReturnedToFirmware(b) {
 			return true
 		}
 	}
