@@ -214,10 +214,30 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	wp.Close()
+	// The Result is read while the child runs; once the child has ended
+	// (or ctx ended it), what it wrote is in the pipe: the read gets a
+	// moment more, then the pipe is closed, so a process that still holds
+	// its write end cannot hang Run. WaitDelay bounds Wait the same way for
+	// the output pipes.
+	cmd.WaitDelay = 5 * time.Second
 	var res Result
-	derr := json.NewDecoder(rp).Decode(&res)
+	decoded := make(chan error, 1)
+	go func() { decoded <- json.NewDecoder(rp).Decode(&res) }()
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	var derr, werr error
+	select {
+	case derr = <-decoded:
+		werr = <-waited
+	case werr = <-waited:
+		select {
+		case derr = <-decoded:
+		case <-time.After(2 * time.Second):
+			rp.Close()
+			derr = <-decoded
+		}
+	}
 	rp.Close()
-	werr := cmd.Wait()
 	if derr != nil {
 		return nil, fmt.Errorf("fleetsim: the simulation ended without a result (%v): %v", werr, derr)
 	}
@@ -242,6 +262,10 @@ func IsChild() bool { return os.Getenv(childEnv) != "" }
 // ChildMain runs the simulation (inside the machines' namespace), writes the
 // Result to fd 3 and exits.
 func ChildMain() {
+	// fd 3 is the Result pipe's write end: not inherited by what the
+	// simulation starts (kiln serve, vbmc), or a process outliving this one
+	// would keep Run's read of the Result from ever ending.
+	syscall.CloseOnExec(3)
 	var o Options
 	res := &Result{}
 	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &o); err != nil {
