@@ -781,20 +781,25 @@ func waitSerialFor(ctx context.Context, dir string, d time.Duration, ok func([]b
 // (httpboot.LocalScript).
 const localScriptMsg = "from local disk"
 
+// afterLastScript is the serial console b from the last exit-to-disk
+// script on, when iPXE did not stay (no iPXE shell prompt after it): what
+// the firmware did next. ok is false without a script or with a prompt.
+func afterLastScript(b []byte) (rest string, ok bool) {
+	s := string(b)
+	i := strings.LastIndex(s, localScriptMsg)
+	if i < 0 || strings.Contains(s[i:], "iPXE>") {
+		return "", false
+	}
+	return s[i:], true
+}
+
 // uefiTriedDisk reports whether OVMF, after the last exit-to-disk script
 // on the serial console b, went on to a boot option that is not a network
 // one: its BdsDxe prints `BdsDxe: loading Boot#### "<description>" from
-// <device path>`, and a network option's device path holds MAC(...). An
-// iPXE shell prompt after the script means iPXE never returned to the
-// firmware.
+// <device path>`, and a network option's device path holds MAC(...).
 func uefiTriedDisk(b []byte) bool {
-	s := string(b)
-	i := strings.LastIndex(s, localScriptMsg)
-	if i < 0 {
-		return false
-	}
-	rest := s[i:]
-	if strings.Contains(rest, "iPXE>") {
+	rest, ok := afterLastScript(b)
+	if !ok {
 		return false
 	}
 	for _, line := range strings.Split(rest, "\n") {
@@ -807,18 +812,13 @@ func uefiTriedDisk(b []byte) bool {
 
 // uefiReturnedToFirmware reports whether, after the last exit-to-disk
 // script on the serial console b, iPXE gave control back to OVMF (a BdsDxe
-// line follows, no iPXE shell prompt). It is what the HA run can require:
-// there the firmware's next option may be another network boot that gets
-// no DHCP offer while the cluster has no leader that can commit a lease,
-// and OVMF reaches the disk only after that option's timeout.
+// line follows). It is what the HA run can require: there the firmware's
+// next option may be another network boot that gets no DHCP offer while
+// the cluster has no leader that can commit a lease, and OVMF reaches the
+// disk only after that option's timeout.
 func uefiReturnedToFirmware(b []byte) bool {
-	s := string(b)
-	i := strings.LastIndex(s, localScriptMsg)
-	if i < 0 {
-		return false
-	}
-	rest := s[i:]
-	return !strings.Contains(rest, "iPXE>") && strings.Contains(rest, "BdsDxe: ")
+	rest, ok := afterLastScript(b)
+	return ok && strings.Contains(rest, "BdsDxe: ")
 }
 
 // Expected layout of the disk after a build with stage, from the agent's
