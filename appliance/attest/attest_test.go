@@ -1,17 +1,14 @@
 package attest_test
 
 import (
-	"bytes"
 	"crypto"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
-	"encoding/binary"
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf16"
 
 	gattest "github.com/google/go-attestation/attest"
 	"github.com/google/go-tpm/legacy/tpm2"
@@ -45,7 +42,7 @@ func newMachine(t *testing.T, cmdline string) *machine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sw.Close() })
-	if err := sw.Measure(boot(cmdline)...); err != nil {
+	if err := sw.Measure(swtpm.UEFIBoot(cmdline)...); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := sw.Open()
@@ -70,48 +67,6 @@ func newMachine(t *testing.T, cmdline string) *machine {
 	}
 	t.Cleanup(func() { ak.Close(tpm) })
 	return &machine{t: t, sw: sw, tpm: tpm, ak: ak, ek: eks[0]}
-}
-
-// boot is a measured boot as OVMF and the Linux EFI stub record it: the
-// firmware version and code (PCR 0), configuration (1), the separators of
-// PCRs 0–7, the boot loader (4), Secure Boot state (7), and in PCR 9 the
-// initrd and the kernel command line (tagged events whose digest is the
-// measured bytes', as the stub logs them).
-func boot(cmdline string) []swtpm.Event {
-	sep := []byte{0, 0, 0, 0}
-	ev := []swtpm.Event{
-		{PCR: 0, Type: swtpm.EvSCRTMVersion, Data: utf16z("OVMF 2022.11")},
-		{PCR: 0, Type: swtpm.EvEFIVariableDriverConfig, Data: []byte("firmware volume FV_MAIN")},
-		{PCR: 1, Type: swtpm.EvEFIVariableBoot, Data: utf16z("BootOrder")},
-		{PCR: 7, Type: swtpm.EvEFIVariableDriverConfig, Data: utf16z("SecureBoot")},
-	}
-	for pcr := 0; pcr <= 7; pcr++ {
-		ev = append(ev, swtpm.Event{PCR: pcr, Type: swtpm.EvSeparator, Data: sep})
-	}
-	bl := sha256.Sum256([]byte("BOOTX64.EFI image"))
-	ev = append(ev, swtpm.Event{PCR: 4, Type: swtpm.EvEFIBootServicesApp, Data: []byte("\\EFI\\BOOT\\BOOTX64.EFI"), Digest: bl[:]})
-	initrd := sha256.Sum256([]byte("initrd bytes"))
-	ev = append(ev, swtpm.Event{PCR: 9, Type: swtpm.EvEventTag, Data: tagged(0x8F3B22ED, "Linux initrd"), Digest: initrd[:]})
-	cl := sha256.Sum256(utf16z(cmdline))
-	ev = append(ev, swtpm.Event{PCR: 9, Type: swtpm.EvEventTag, Data: tagged(0x8F3B22EC, "LOADED_IMAGE::LoadOptions"), Digest: cl[:]})
-	return ev
-}
-
-func tagged(id uint32, desc string) []byte {
-	var b bytes.Buffer
-	_ = binary.Write(&b, binary.LittleEndian, id)
-	_ = binary.Write(&b, binary.LittleEndian, uint32(len(desc)+1))
-	b.WriteString(desc + "\x00")
-	return b.Bytes()
-}
-
-func utf16z(s string) []byte {
-	u := utf16.Encode([]rune(s + "\x00"))
-	b := make([]byte, 2*len(u))
-	for i, r := range u {
-		binary.LittleEndian.PutUint16(b[2*i:], r)
-	}
-	return b
 }
 
 // start is the agent's AttestStart.
@@ -299,7 +254,7 @@ func TestAttestSWTPM(t *testing.T) {
 		q := ref.answer(ch.Wire)
 		// The log of another command line: PCR 9's events do not extend to the quoted PCR 9.
 		lie := swtpm.SpecIDEvent()
-		for _, e := range boot("console=ttyS0") {
+		for _, e := range swtpm.UEFIBoot("console=ttyS0") {
 			d := e.Digest
 			if d == nil {
 				s := sha256.Sum256(e.Data)
@@ -315,7 +270,7 @@ func TestAttestSWTPM(t *testing.T) {
 		}
 		// A log with the PCR 9 events left out.
 		q.EventLog = swtpm.SpecIDEvent()
-		for _, e := range boot("console=ttyS0 kiln.url=http://10.0.0.1:8080") {
+		for _, e := range swtpm.UEFIBoot("console=ttyS0 kiln.url=http://10.0.0.1:8080") {
 			if e.PCR == 9 {
 				continue
 			}

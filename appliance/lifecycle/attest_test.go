@@ -1,15 +1,11 @@
 package lifecycle
 
 import (
-	"bytes"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf16"
 
 	gattest "github.com/google/go-attestation/attest"
 
@@ -44,16 +40,7 @@ func newTPMMachine(t *testing.T, cmdline string) *tpmMachine {
 	sw, err := swtpm.Start(t.TempDir())
 	must(t, err)
 	t.Cleanup(func() { sw.Close() })
-	sep := []byte{0, 0, 0, 0}
-	var ev []swtpm.Event
-	for pcr := 0; pcr <= 7; pcr++ {
-		ev = append(ev, swtpm.Event{PCR: pcr, Type: swtpm.EvSeparator, Data: sep})
-	}
-	bl := sha256.Sum256([]byte("BOOTX64.EFI"))
-	cl := sha256.Sum256(utf16le(cmdline))
-	ev = append(ev, swtpm.Event{PCR: 4, Type: swtpm.EvEFIBootServicesApp, Data: []byte("\\EFI\\BOOT\\BOOTX64.EFI"), Digest: bl[:]},
-		swtpm.Event{PCR: 9, Type: swtpm.EvEventTag, Data: taggedEvent(0x8F3B22EC, "LOADED_IMAGE::LoadOptions"), Digest: cl[:]})
-	must(t, sw.Measure(ev...))
+	must(t, sw.Measure(swtpm.UEFIBoot(cmdline)...))
 	conn, err := sw.Open()
 	must(t, err)
 	tpm, err := gattest.OpenTPM(&gattest.OpenConfig{CommandChannel: conn})
@@ -65,23 +52,6 @@ func newTPMMachine(t *testing.T, cmdline string) *tpmMachine {
 	must(t, err)
 	t.Cleanup(func() { ak.Close(tpm) })
 	return &tpmMachine{t: t, sw: sw, tpm: tpm, ak: ak, ek: eks[0]}
-}
-
-func taggedEvent(id uint32, desc string) []byte {
-	var b bytes.Buffer
-	_ = binary.Write(&b, binary.LittleEndian, id)
-	_ = binary.Write(&b, binary.LittleEndian, uint32(len(desc)+1))
-	b.WriteString(desc + "\x00")
-	return b.Bytes()
-}
-
-func utf16le(s string) []byte {
-	u := utf16.Encode([]rune(s + "\x00"))
-	b := make([]byte, 2*len(u))
-	for i, r := range u {
-		binary.LittleEndian.PutUint16(b[2*i:], r)
-	}
-	return b
 }
 
 func (m *tpmMachine) start(id string) agentapi.AttestStart {

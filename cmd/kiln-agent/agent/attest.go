@@ -68,27 +68,56 @@ func (a *Agent) openTPM() (*attest.TPM, error) {
 // attestation_failed; Kiln has already recorded it (and quarantined the
 // machine when the measured boot differs).
 func (a *Agent) Attest(ctx context.Context) (string, *agentapi.StageCredentials, error) {
-	start := time.Now()
 	tpm, err := a.openTPM()
 	if errors.Is(err, ErrNoTPM) {
-		var ch agentapi.AttestChallenge
-		if err := a.call(ctx, http.MethodPost, "/v1/agent/attest/start", agentapi.AttestStart{
-			MachineID: a.cfg.MachineID, NoTPM: true, NoTPMReason: err.Error()}, &ch); err != nil {
-			return "", nil, fmt.Errorf("attest start: %w", err)
-		}
-		if ch.Result == nil {
-			return "", nil, fail(agentapi.StepAttest, agentapi.ReasonAttestationFailed, "no TPM and no verdict from the appliance")
-		}
-		if ch.Result.Result != agentapi.AttestNoTPMAllows {
-			return "", nil, fail(agentapi.StepAttest, agentapi.ReasonAttestationFailed, "%s", ch.Result.Message)
-		}
-		return "no TPM: " + ch.Result.Message, ch.Result.Credentials, nil
+		return AttestNoTPM(ctx, a.cfg.MachineID, err.Error(), a.call)
 	}
 	if err != nil {
 		return "", nil, fail(agentapi.StepAttest, agentapi.ReasonAttestationFailed, "open TPM: %v", err)
 	}
 	defer tpm.Close()
-	st := agentapi.AttestStart{MachineID: a.cfg.MachineID}
+	var cmdline string
+	if b, err := os.ReadFile(filepath.Join(a.cfg.Root, "proc/cmdline")); err == nil {
+		cmdline = strings.TrimRight(string(b), "\n")
+	}
+	return AttestTPM(ctx, tpm, a.cfg.MachineID, cmdline, a.call)
+}
+
+// Caller makes one agent API call: method and path under the appliance's
+// URL, in sent as JSON (nil: no body), the JSON answer decoded into out
+// (nil: discarded). Agent.call is one; the fleet simulator
+// (deploy/lab/fleetsim) has its own.
+type Caller func(ctx context.Context, method, path string, in, out any) error
+
+// AttestNoTPM tells Kiln the machine has no TPM 2.0 (why: what the probe
+// found) and returns the model's verdict: credentials when its policy
+// allows such machines, else a *StepError (attestation_failed).
+func AttestNoTPM(ctx context.Context, machineID, why string, call Caller) (string, *agentapi.StageCredentials, error) {
+	var ch agentapi.AttestChallenge
+	if err := call(ctx, http.MethodPost, "/v1/agent/attest/start", agentapi.AttestStart{
+		MachineID: machineID, NoTPM: true, NoTPMReason: why}, &ch); err != nil {
+		return "", nil, fmt.Errorf("attest start: %w", err)
+	}
+	if ch.Result == nil {
+		return "", nil, fail(agentapi.StepAttest, agentapi.ReasonAttestationFailed, "no TPM and no verdict from the appliance")
+	}
+	if ch.Result.Result != agentapi.AttestNoTPMAllows {
+		return "", nil, fail(agentapi.StepAttest, agentapi.ReasonAttestationFailed, "%s", ch.Result.Message)
+	}
+	return "no TPM: " + ch.Result.Message, ch.Result.Credentials, nil
+}
+
+// AttestTPM runs the exchange with an open TPM 2.0: the EK and a new AK's
+// creation parameters to /v1/agent/attest/start, TPM2_ActivateCredential
+// on Kiln's challenge, a SHA-256 quote of the challenge's PCRs over its
+// nonce, and the quote, PCR values, the TPM's event log
+// (tpm.MeasurementLog) and cmdline (the kernel command line, as in
+// /proc/cmdline) to /v1/agent/attest/quote. It returns the step's message
+// and the credentials of a pass; a refusal or a TPM error is a *StepError
+// (attestation_failed), a call that found no appliance a plain error.
+func AttestTPM(ctx context.Context, tpm *attest.TPM, machineID, cmdline string, call Caller) (string, *agentapi.StageCredentials, error) {
+	start := time.Now()
+	st := agentapi.AttestStart{MachineID: machineID}
 	if info, err := tpm.Info(); err == nil {
 		st.TPMManufacturer = info.Manufacturer.String()
 		st.TPMFirmware = fmt.Sprintf("%d.%d", info.FirmwareVersionMajor, info.FirmwareVersionMinor)
@@ -113,7 +142,7 @@ func (a *Agent) Attest(ctx context.Context) (string, *agentapi.StageCredentials,
 	st.AK = agentapi.AKParameters{Public: p.Public, CreateData: p.CreateData,
 		CreateAttestation: p.CreateAttestation, CreateSignature: p.CreateSignature}
 	var ch agentapi.AttestChallenge
-	if err := a.call(ctx, http.MethodPost, "/v1/agent/attest/start", st, &ch); err != nil {
+	if err := call(ctx, http.MethodPost, "/v1/agent/attest/start", st, &ch); err != nil {
 		return "", nil, fmt.Errorf("attest start: %w", err)
 	}
 	if ch.Result != nil && ch.Result.Result != agentapi.AttestPassed {
@@ -131,7 +160,7 @@ func (a *Agent) Attest(ctx context.Context) (string, *agentapi.StageCredentials,
 	for _, i := range ch.PCRs {
 		want[i] = true
 	}
-	q := agentapi.AttestQuote{MachineID: a.cfg.MachineID, NonceID: ch.NonceID, Activated: secret}
+	q := agentapi.AttestQuote{MachineID: machineID, NonceID: ch.NonceID, Activated: secret, Cmdline: cmdline}
 	for _, p := range all {
 		if want[p.Index] {
 			q.PCRs = append(q.PCRs, agentapi.PCRValue{Index: p.Index, SHA256: p.Digest})
@@ -145,11 +174,8 @@ func (a *Agent) Attest(ctx context.Context) (string, *agentapi.StageCredentials,
 	if q.EventLog, err = tpm.MeasurementLog(); err != nil {
 		return "", nil, fail(agentapi.StepAttest, agentapi.ReasonAttestationFailed, "read event log: %v", err)
 	}
-	if b, err := os.ReadFile(filepath.Join(a.cfg.Root, "proc/cmdline")); err == nil {
-		q.Cmdline = strings.TrimRight(string(b), "\n")
-	}
 	var res agentapi.AttestResult
-	if err := a.call(ctx, http.MethodPost, "/v1/agent/attest/quote", q, &res); err != nil {
+	if err := call(ctx, http.MethodPost, "/v1/agent/attest/quote", q, &res); err != nil {
 		return "", nil, fmt.Errorf("attest quote: %w", err)
 	}
 	if res.Result != agentapi.AttestPassed {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/swtpm"
 	"kiln/deploy/lab/vbmc/vbmc"
 )
 
@@ -72,6 +73,11 @@ type Options struct {
 	// machines but Day2.Spares are claimed, then failures are injected
 	// through the BMCs' health (mode A, then mode B).
 	Day2 *Day2Options `json:"day2,omitempty"`
+	// Attest is how many machines (the first ones) have a TPM 2.0, a swtpm
+	// each (attest.go); with Attest > 0 the model requires attestation and
+	// allows machines without a TPM (labelled), so every build attests.
+	// 0..N; not with Day2.
+	Attest int `json:"attest"`
 	// Nodes is how many `kiln serve` nodes run, as one site cluster (1 or 3;
 	// default 1). With 3, the nodes are in namespaces PREFIX-n1..n3 on one
 	// bridge (netns.go), join with one-time tokens over mutual TLS, and the
@@ -142,6 +148,17 @@ func (o *Options) defaults() error {
 	if o.Day2 != nil {
 		if err := o.Day2.defaults(o.N); err != nil {
 			return err
+		}
+	}
+	if o.Attest < 0 || o.Attest > o.N {
+		return fmt.Errorf("fleetsim: Attest=%d: want 0..N (%d)", o.Attest, o.N)
+	}
+	if o.Attest > 0 && o.Day2 != nil {
+		return fmt.Errorf("fleetsim: Attest and Day2 are separate runs")
+	}
+	if o.Attest > 0 {
+		if why := swtpm.Available(); why != "" {
+			return fmt.Errorf("%w: %s", ErrMissing, why)
 		}
 	}
 	if o.APIListen == "" {
@@ -300,6 +317,7 @@ type fleet struct {
 	machines []*machine
 	byID     map[string]*machine
 	imageID  string
+	att      *attestState // Options.Attest > 0
 
 	mu      sync.Mutex
 	clients map[netip.Addr]*http.Client
@@ -441,6 +459,13 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 			serial: fmt.Sprintf("FS%06d", i+1), uuid: fmt.Sprintf("5e1f0000-0000-4000-8000-%012x", i+1), bmc: bmcAddr(i)}
 		f.machines = append(f.machines, m)
 	}
+	if o.Attest > 0 {
+		f.att = &attestState{}
+		defer f.closeTPMs()
+		if err := f.makeTPMs(); err != nil {
+			return nil, err
+		}
+	}
 	var err error
 	if f.dhcp, err = newDHCPClient(dhcpIf(o.Nodes)); err != nil {
 		return nil, err
@@ -528,6 +553,9 @@ func simulate(ctx context.Context, o Options) (*Result, error) {
 	runCtx, runCancel := context.WithTimeout(ctx, o.Timeout)
 	defer runCancel()
 	start := time.Now()
+	if f.att != nil {
+		f.att.start = start
+	}
 
 	// The rack plan: one row per machine, with the hardware the agent will report.
 	var plan strings.Builder
@@ -628,6 +656,9 @@ done:
 		res.Metrics = m
 	} else {
 		f.say("fleet: kiln /metrics: %v", err)
+	}
+	if f.att != nil {
+		res.Attest = f.att.finish(res.Metrics)
 	}
 	res.RaftBytes, res.FSMBytes = storeFiles(f.k.data)
 	res.StoreBytes = dirSize(f.k.data)

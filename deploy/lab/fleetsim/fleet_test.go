@@ -94,6 +94,48 @@ func TestFleetSmall(t *testing.T) {
 	}
 }
 
+// TestFleetAttest runs the simulator with attestation required for the
+// model (Options.Attest): two machines with a TPM each (swtpm), two
+// without (allowed by the policy). The first TPM machine is the
+// reference: its first build must be refused (no approved state), its
+// measured boot learned and approved, and its next build pass; the other
+// TPM machine passes on the approved state; the two without a TPM pass
+// on the policy. Kiln's latency of the two calls must be read from its
+// /metrics.
+func TestFleetAttest(t *testing.T) {
+	testreq.Root(t, "network namespaces and AF_PACKET", "ip", "sysctl")
+	testreq.Commands(t, "swtpm", "swtpm_setup")
+	work := t.TempDir()
+	var out strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := fleetsim.Run(ctx, fleetsim.Options{N: 4, Attest: 2, Work: work, Prefix: "kfsa" + strconv.Itoa(os.Getpid()%1000),
+		KilnBin: buildKiln(t, work), EnvDir: standInEnv(t), AgentPoll: 500 * time.Millisecond, ImageMiB: 2,
+		Timeout: time.Minute, Out: &out})
+	t.Log(out.String())
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	a := res.Attest
+	if res.Provisioned != 4 || res.Failed != 0 || res.SimErrors != 0 || a == nil {
+		t.Fatalf("result: %d provisioned, %d failed, %d simulator errors, attest %+v; want 4, 0, 0:\n%s",
+			res.Provisioned, res.Failed, res.SimErrors, a, strings.Join(res.Lines(), "\n"))
+	}
+	if a.TPMs != 2 || a.Passed != 2 || a.Refused != 1 || a.NoTPM != 2 || a.State == "" ||
+		!strings.Contains(a.Reference, "no_approved_state") {
+		t.Errorf("attest: %+v; want 2 TPMs, 2 passed, 1 refused (the reference: no_approved_state), 2 without a TPM, a state", a)
+	}
+	// Kiln's side: 5 starts (the reference twice, the other TPM machine,
+	// two without) and 3 quotes (the TPM machines' builds).
+	if a.Starts != 5 || a.Quotes != 3 || a.StartMS <= 0 || a.QuoteMS <= 0 || a.StepTPM.N != 2 || a.StepNoTPM.N != 2 {
+		t.Errorf("attest costs: %d starts (%.2f ms), %d quotes (%.2f ms), steps %d/%d; want 5, 3, 2/2",
+			a.Starts, a.StartMS, a.Quotes, a.QuoteMS, a.StepTPM.N, a.StepNoTPM.N)
+	}
+	if line := a.Line(); !strings.HasPrefix(line, "fleet: attest: 2 machines with a TPM") {
+		t.Errorf("line %q", line)
+	}
+}
+
 // benchSizes are the fleet sizes of the scaling curve: KILN_FLEET_SIZES
 // (comma-separated), default the curve 250,500,1000,2000.
 func benchSizes(t *testing.T) []int {

@@ -112,8 +112,8 @@ bmc:
   retries: 2%s
 lifecycle:
   step_timeout: 10m%s
-%s`, k.id, k.data, listen, raft, srvIf, k.ip, k.ip, peers, o.EnvDir, filepath.Join(filepath.Dir(k.data), "images"),
-		subnetCIDR, poolStart, poolEnd, conc, poll, remediationConfig(o))
+%s%s`, k.id, k.data, listen, raft, srvIf, k.ip, k.ip, peers, o.EnvDir, filepath.Join(filepath.Dir(k.data), "images"),
+		subnetCIDR, poolStart, poolEnd, conc, poll, remediationConfig(o), attestConfig(o))
 }
 
 // remediationConfig is the `remediation:` section of a day-2 run

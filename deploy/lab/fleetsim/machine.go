@@ -24,6 +24,7 @@ import (
 	"github.com/pin/tftp/v3"
 
 	"kiln/api/agentapi"
+	"kiln/deploy/lab/swtpm"
 )
 
 // machine is one simulated server: its NIC's MAC, its hardware as the rack
@@ -39,6 +40,13 @@ type machine struct {
 	uuid   string
 	bmc    netip.Addr
 	id     string // Kiln's machine ID, set after the import
+	// tpm is the machine's TPM (Options.Attest), measured: since its last
+	// reset; reclaim: the reference, to be claimed again once available
+	// (attest.go); cmdline: the kernel command line of the last agent boot.
+	tpm      *swtpm.TPM
+	measured bool
+	reclaim  bool
+	cmdline  string
 	// claimed: claimed in the day-2 set-up (POST /v1/machines/claim); not a spare.
 	claimed bool
 
@@ -179,6 +187,7 @@ type bootAction struct {
 	ip                netip.Addr
 	kernel, initrd    string
 	url, id, token    string
+	cmdline           string // the kernel line's arguments
 	pollAfterRetryOff bool
 }
 
@@ -344,6 +353,7 @@ func (m *machine) script(ctx context.Context, hc *http.Client, u string) (bootAc
 		case len(f) >= 3 && f[0] == "#" && f[1] == "kiln:":
 			act.action = strings.TrimPrefix(f[2], "action=")
 		case f[0] == "kernel":
+			act.cmdline = kernelArgs(f[1:])
 			for _, a := range f[1:] {
 				switch {
 				case strings.HasPrefix(a, "http://"):
@@ -383,6 +393,22 @@ func (m *machine) script(ctx context.Context, hc *http.Client, u string) (bootAc
 		return act, 0, nil
 	}
 	return act, 0, fmt.Errorf("ipxe script: unknown action %q:\n%s", act.action, body)
+}
+
+// kernelArgs is the command line the kernel gets from iPXE's
+// `kernel [--opts] URL ARGS... [|| goto …]` (httpboot's agent script):
+// the words after the URL, up to "||".
+func kernelArgs(words []string) string {
+	for i, w := range words {
+		if strings.HasPrefix(w, "http://") || strings.HasPrefix(w, "https://") {
+			rest := words[i+1:]
+			if j := slices.Index(rest, "||"); j >= 0 {
+				rest = rest[:j]
+			}
+			return strings.Join(rest, " ")
+		}
+	}
+	return ""
 }
 
 // agentConn is the in-RAM agent's side of the agent API for one boot.
@@ -515,7 +541,16 @@ func (m *machine) inventory() agentapi.Inventory {
 		Disks: []agentapi.Disk{{Name: "sda", Path: "/dev/sda", Serial: "D" + m.serial, Model: "FS-SSD",
 			SizeBytes: diskBytes, Health: "ok"}},
 		NICs:       []agentapi.NIC{{Name: "eth0", MAC: m.mac.String(), LinkUp: true}},
-		BMCAddress: m.bmc.String()}
+		BMCAddress: m.bmc.String(), TPM: m.tpmInfo()}
+}
+
+// tpmInfo is the inventory's TPM (/sys/class/tpm): swtpm is a TPM 2.0 of
+// manufacturer IBM; nil without one.
+func (m *machine) tpmInfo() *agentapi.TPMInfo {
+	if m.tpm == nil {
+		return nil
+	}
+	return &agentapi.TPMInfo{Version: "2.0", Manufacturer: "IBM"}
 }
 
 // agent is the in-RAM agent of one boot (cmd/kiln-agent/agent's protocol):
@@ -524,17 +559,27 @@ func (m *machine) inventory() agentapi.Inventory {
 // rebooted=true after a build (the machine then network-boots again).
 func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err error) {
 	a := &agentConn{m: m, hc: m.f.agentClient(act.ip), eps: []string{strings.TrimRight(act.url, "/")}, token: act.token}
+	m.cmdline = act.cmdline
 	var task agentapi.Task
 	m.mark(&m.t.registered) // sent: Kiln may finish the inspection before it answers
 	if err := a.call(ctx, "POST", "/v1/agent/register", agentapi.Registration{MachineID: m.id,
 		AgentVersion: "fleetsim", Inventory: m.inventory()}, &task); err != nil {
 		return false, err
 	}
+	registered := true // task answers a registration that has just sent the inventory
 	for {
 		a.addEndpoints(task.Endpoints)
 		switch task.Action {
 		case agentapi.ActionProvision:
-			if err := m.build(ctx, a, &task); err != nil {
+			err := m.build(ctx, a, &task)
+			var se *stepErr
+			if errors.As(err, &se) && se.reason == agentapi.ReasonAttestationFailed {
+				// Refused and quarantined: as cmd/kiln-agent after a failed
+				// step, the agent waits for its next task.
+				task = agentapi.Task{Action: agentapi.ActionWait}
+				break
+			}
+			if err != nil {
 				return false, err
 			}
 			return true, nil
@@ -546,7 +591,21 @@ func (m *machine) agent(ctx context.Context, act bootAction) (rebooted bool, err
 		case agentapi.ActionPowerOff:
 			_ = m.PowerOff()
 			return false, nil
+		case agentapi.ActionInspect:
+			if registered {
+				break // the inventory just sent is the inspection
+			}
+			// Inspected again (kiln machines inspect) while the agent runs:
+			// the inventory once more, as cmd/kiln-agent's Inspect.
+			_ = a.report(ctx, agentapi.Report{Step: agentapi.StepInspect, State: agentapi.StateStarted})
+			var next agentapi.Task
+			if err := a.call(ctx, "POST", "/v1/agent/register", agentapi.Registration{MachineID: m.id,
+				AgentVersion: "fleetsim", Inventory: m.inventory()}, &next); err == nil {
+				task, registered = next, true
+				continue
+			}
 		}
+		registered = false
 		poll := task.PollAfter
 		if poll <= 0 {
 			poll = 5 * time.Second
@@ -599,6 +658,7 @@ func (m *machine) build(ctx context.Context, a *agentConn, task *agentapi.Task) 
 		{agentapi.StepCheck, func() (string, error) {
 			return fmt.Sprintf("disk /dev/sda (sda) %d bytes health ok read 2000 MB/s", uint64(diskBytes)), nil
 		}},
+		{agentapi.StepAttest, func() (string, error) { return m.attest(ctx, a, m.cmdline) }},
 		{agentapi.StepWrite, func() (string, error) {
 			m.mark(&m.t.writeStart)
 			sum, n, err := m.f.download(ctx, a, img.URL)
@@ -620,6 +680,14 @@ func (m *machine) build(ctx context.Context, a *agentConn, task *agentapi.Task) 
 			m.mark(&m.t.verifyDone)
 			return "sha256 " + strings.ToLower(img.SHA256), nil
 		}},
+	}
+	if !task.Attest {
+		steps = slices.DeleteFunc(steps, func(s struct {
+			name string
+			fn   func() (string, error)
+		}) bool {
+			return s.name == agentapi.StepAttest
+		})
 	}
 	if task.Stage != nil {
 		steps = append(steps, struct {

@@ -15,6 +15,8 @@ type Result struct {
 	Failed      int `json:"failed"` // failed or quarantined in Kiln
 	// Unfinished machines neither provisioned nor failed when the run ended.
 	Unfinished int `json:"unfinished"`
+	// Attest is the attestation's part (Options.Attest; nil without it).
+	Attest *AttestResult `json:"attest,omitempty"`
 	// Day2 is the day-2 phase's result (Options.Day2; nil without it).
 	Day2 *Day2Result `json:"day2,omitempty"`
 	// Seconds is from the first power-on to the last provisioned.
@@ -233,6 +235,9 @@ func (r *Result) Lines() []string {
 		mb(r.RaftBytes), mb(r.FSMBytes), r.Events, per, kb.String(), r.KilnCPUSeconds, r.WallSeconds, r.ImportSeconds, r.EnrollSeconds, r.Unfinished, r.SimErrors, r.NetbootRetries, r.PowerOns, r.Repowered))
 	if r.Metrics != nil {
 		out = append(out, metricsLine(r.Metrics, r.N))
+	}
+	if r.Attest != nil {
+		out = append(out, r.Attest.Line())
 	}
 	for _, e := range r.Errors {
 		out = append(out, "fleet: simulator error: "+e)

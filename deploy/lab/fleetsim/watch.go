@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/url"
 	"strconv"
@@ -98,7 +99,17 @@ func (w *watcher) transition(m *machine, to, why string, at time.Time) {
 	if w.log != nil {
 		w.log.add(m, to, at)
 	}
+	if to == "quarantined" && w.f.att.isReferenceRefusal(m) {
+		go w.f.approveReference(w.f.ctx, w, m) // expected: not a failure
+		return
+	}
 	m.mu.Lock()
+	if to == "available" && m.reclaim {
+		m.reclaim = false
+		m.mu.Unlock()
+		w.avail <- m // the reference, inspected again after its state was approved
+		return
+	}
 	var first bool
 	switch to {
 	case "available":
@@ -160,6 +171,9 @@ func (w *watcher) provisioner(ctx context.Context) {
 				case <-ctx.Done():
 					return
 				case m := <-w.avail:
+					if w.f.att.hold(m) {
+						continue
+					}
 					body := map[string]any{"claim": map[string]any{"image": w.f.imageID, "hostname": m.name,
 						"role": "worker", "labels": map[string]string{"fleet": "sim"}}, "reason": "fleet"}
 					if err := w.f.do(ctx, "POST", "/v1/machines/"+m.id+"/provision", nil, body, "", nil); err != nil && ctx.Err() == nil &&
@@ -176,17 +190,20 @@ func (w *watcher) provisioner(ctx context.Context) {
 
 // claimed reports whether a claim that ended in err (409) was committed
 // after all: sent to a node that died before it answered, then sent again
-// to another node, which found the machine no longer available.
+// to another node, which found the machine no longer available; or the
+// machine holds its claim still (the attestation reference, inspected
+// again after its refusal: Kiln builds it again on the same claim).
 func (w *watcher) claimed(ctx context.Context, m *machine, err error) bool {
 	var ae *apiError
 	if !errors.As(err, &ae) || ae.Status != 409 {
 		return false
 	}
 	var mm struct {
-		State string `json:"state"`
+		State string          `json:"state"`
+		Claim json.RawMessage `json:"claim"`
 	}
 	if w.f.do(ctx, "GET", "/v1/machines/"+m.id, nil, nil, "", &mm) != nil {
 		return false
 	}
-	return mm.State != "available"
+	return mm.State != "available" || len(mm.Claim) > 0 && string(mm.Claim) != "null"
 }

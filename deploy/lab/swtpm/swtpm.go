@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+	"unicode/utf16"
 
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
@@ -58,20 +59,32 @@ func Start(dir string) (*TPM, error) {
 	if out, err := setup.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("swtpm_setup: %v: %s", err, out)
 	}
-	t := &TPM{Dir: dir, sock: filepath.Join(dir, "tpm.sock"), done: make(chan struct{})}
-	logf, err := os.Create(filepath.Join(dir, "swtpm.log"))
-	if err != nil {
+	t := &TPM{Dir: dir, sock: filepath.Join(dir, "tpm.sock")}
+	if err := t.run(); err != nil {
 		return nil, err
 	}
-	t.cmd = exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+state,
-		"--server", "type=unixio,path="+t.sock, "--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
+	return t, nil
+}
+
+// run starts swtpm on the state in t.Dir (TPM2_Startup(CLEAR): the PCRs
+// are reset) and waits for its socket; the event log starts again.
+func (t *TPM) run() error {
+	t.done = make(chan struct{})
+	logf, err := os.OpenFile(filepath.Join(t.Dir, "swtpm.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_ = os.Remove(t.sock)
+	t.cmd = exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+filepath.Join(t.Dir, "state"),
+		"--server", "type=unixio,path="+t.sock, "--ctrl", "type=unixio,path="+filepath.Join(t.Dir, "ctrl.sock"),
 		"--flags", "not-need-init,startup-clear")
 	t.cmd.Stdout, t.cmd.Stderr = logf, logf
 	if err := t.cmd.Start(); err != nil {
 		logf.Close()
-		return nil, err
+		return err
 	}
-	go func() { _ = t.cmd.Wait(); logf.Close(); close(t.done) }()
+	cmd, done := t.cmd, t.done
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := net.Dial("unix", t.sock)
@@ -81,12 +94,23 @@ func Start(dir string) (*TPM, error) {
 		}
 		if time.Now().After(deadline) {
 			t.Close()
-			return nil, fmt.Errorf("swtpm did not listen on %s: %v", t.sock, err)
+			return fmt.Errorf("swtpm did not listen on %s: %v", t.sock, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	t.mu.Lock()
 	t.log = specIDEvent()
-	return t, nil
+	t.mu.Unlock()
+	return nil
+}
+
+// Reboot is the machine's reset as its TPM sees it: swtpm is stopped and
+// started again on the same state (the same EK and certificate), the PCRs
+// start from zero and the event log from its first entry, as on a real
+// platform reset. Connections opened before it are dead.
+func (t *TPM) Reboot() error {
+	t.Close()
+	return t.run()
 }
 
 // Close stops swtpm.
@@ -320,4 +344,50 @@ func (q *QEMU) Close() error {
 	}
 	<-q.done
 	return nil
+}
+
+// UEFIBoot is a measured boot as OVMF and the Linux EFI stub record it,
+// for a TPM that stands in for a machine's (host tests, the fleet
+// simulator): the firmware version and code (PCR 0), configuration (1),
+// the separators of PCRs 0–7, the boot loader (4), Secure Boot state (7),
+// and in PCR 9 the initrd and the kernel command line cmdline (tagged
+// events whose digest is the measured bytes', as the stub logs them: the
+// command line as UTF-16LE with its NUL).
+func UEFIBoot(cmdline string) []Event {
+	sep := []byte{0, 0, 0, 0}
+	ev := []Event{
+		{PCR: 0, Type: EvSCRTMVersion, Data: UTF16Z("OVMF 2022.11")},
+		{PCR: 0, Type: EvEFIVariableDriverConfig, Data: []byte("firmware volume FV_MAIN")},
+		{PCR: 1, Type: EvEFIVariableBoot, Data: UTF16Z("BootOrder")},
+		{PCR: 7, Type: EvEFIVariableDriverConfig, Data: UTF16Z("SecureBoot")},
+	}
+	for pcr := 0; pcr <= 7; pcr++ {
+		ev = append(ev, Event{PCR: pcr, Type: EvSeparator, Data: sep})
+	}
+	bl := sha256.Sum256([]byte("BOOTX64.EFI image"))
+	ev = append(ev, Event{PCR: 4, Type: EvEFIBootServicesApp, Data: []byte("\\EFI\\BOOT\\BOOTX64.EFI"), Digest: bl[:]})
+	initrd := sha256.Sum256([]byte("initrd bytes"))
+	ev = append(ev, Event{PCR: 9, Type: EvEventTag, Data: Tagged(0x8F3B22ED, "Linux initrd"), Digest: initrd[:]})
+	cl := sha256.Sum256(UTF16Z(cmdline))
+	return append(ev, Event{PCR: 9, Type: EvEventTag, Data: Tagged(0x8F3B22EC, "LOADED_IMAGE::LoadOptions"), Digest: cl[:]})
+}
+
+// Tagged is an EV_EVENT_TAG's data (TCG_PCClientTaggedEvent: the 32-bit
+// tag id, the length, the NUL-terminated description), little-endian.
+func Tagged(id uint32, desc string) []byte {
+	var b bytes.Buffer
+	_ = binary.Write(&b, binary.LittleEndian, id)
+	_ = binary.Write(&b, binary.LittleEndian, uint32(len(desc)+1))
+	b.WriteString(desc + "\x00")
+	return b.Bytes()
+}
+
+// UTF16Z is s as UTF-16LE with a terminating NUL (UEFI's CHAR16 strings).
+func UTF16Z(s string) []byte {
+	u := utf16.Encode([]rune(s + "\x00"))
+	b := make([]byte, 2*len(u))
+	for i, r := range u {
+		binary.LittleEndian.PutUint16(b[2*i:], r)
+	}
+	return b
 }

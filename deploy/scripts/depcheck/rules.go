@@ -65,9 +65,11 @@ var rules = []rule{
 	// the agent API's wire type, as Kiln does.
 	{folder: "deploy/lab/labos", may: []string{"deploy/lab/..."}, tests: []string{"api/agentapi"}},
 	// The fleet simulator speaks the agent API as the in-RAM agent does, so
-	// it shares the agent's wire types; everything else of Kiln it reaches
-	// from outside (the built bin/kiln, the REST API as plain HTTP).
-	{folder: "deploy/lab/fleetsim", may: []string{"deploy/lab/...", "api/agentapi"}},
+	// it shares the agent's wire types, and its TPM machines run the agent's
+	// own attestation exchange (cmd/kiln-agent/agent AttestTPM, which imports
+	// only api/agentapi); everything else of Kiln it reaches from outside
+	// (the built bin/kiln, the REST API as plain HTTP).
+	{folder: "deploy/lab/fleetsim", may: []string{"deploy/lab/...", "api/agentapi", "cmd/kiln-agent/..."}},
 	// The scripts (depcheck, pkgcheck) read the repository as data and
 	// import nothing of Kiln's, so they run on a tree that does not build.
 	{folder: "deploy/scripts", may: []string{"deploy/scripts/..."}},
@@ -76,4 +78,7 @@ var rules = []rule{
 // lab is what the tests of every package outside deploy may import besides
 // their row's may: the lab's harness packages. The deploy row keeps them to
 // deploy/...; the test rule checks everything they reach.
-var lab = []string{"deploy/lab/..."}
+// cmd/kiln-agent/...: the in-RAM agent's packages (they import only
+// api/agentapi), reached through the fleet simulator, whose TPM machines run
+// the agent's attestation exchange.
+var lab = []string{"deploy/lab/...", "cmd/kiln-agent/..."}

@@ -64,6 +64,7 @@ func run() error {
 	flag.DurationVar(&o.AgentPoll, "agent-poll", 0, "Kiln's lifecycle.agent_poll_after (0: Kiln's default)")
 	flag.IntVar(&o.BMCConcurrency, "bmc-concurrency", 0, "Kiln's bmc.concurrency (0: Kiln's default)")
 	flag.DurationVar(&o.Timeout, "timeout", 0, "bound of the run (default 5 min + 0.5 s per machine)")
+	flag.IntVar(&o.Attest, "attest", 0, "machines (the first ones) with a TPM 2.0 (a swtpm each); the model then requires attestation, the others are allowed without a TPM")
 	flag.IntVar(&o.Nodes, "nodes", 1, "kiln serve nodes: 1, or 3 as one site cluster (raft, mutual TLS, agents failing over)")
 	flag.DurationVar(&o.KillLeaderAt, "kill-leader-at", 0, "with -nodes 3: SIGKILL the raft leader this long after the import starts, restart it -down later")
 	flag.DurationVar(&o.Down, "down", 5*time.Second, "how long the killed leader stays down")
