@@ -66,11 +66,11 @@ type AttestResult struct {
 	// Kiln's handler latency of the agent's two calls (mean ms, and the
 	// call counts), from kiln_api_request_seconds: start answers a no-TPM
 	// report too; quote is made only with a TPM.
-	StartMS     float64 `json:"start_ms"`
-	Starts      int     `json:"starts"`
-	QuoteMS     float64 `json:"quote_ms"`
-	Quotes      int     `json:"quotes"`
-	PerTPMMS    float64 `json:"per_tpm_ms"` // Kiln's time per TPM attestation: quote mean + start mean
+	StartMS  float64 `json:"start_ms"`
+	Starts   int     `json:"starts"`
+	QuoteMS  float64 `json:"quote_ms"`
+	Quotes   int     `json:"quotes"`
+	PerTPMMS float64 `json:"per_tpm_ms"` // Kiln's time per TPM attestation: quote mean + start mean
 }
 
 // Line is the run's attestation line:
