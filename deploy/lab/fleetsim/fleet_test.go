@@ -203,6 +203,54 @@ func TestBenchFleetScaling(t *testing.T) {
 		Fields: []benchline.Field{{Key: "largest", Value: strconv.Itoa(hi)}, {Key: "smallest", Value: strconv.Itoa(lo)}, {Key: "goal", Value: "<=1.2"}}})
 }
 
+// TestBenchFleetAttest (KILN_BENCH=1, root, swtpm) is the attestation's
+// cost to Kiln per machine in the fleet simulator (issue 16): the same
+// storm of KILN_FLEET_ATTEST_N machines (default 100) twice, once with
+// every machine holding a TPM (a swtpm each) and its model requiring
+// attestation (the reference refused, learned, approved and built again,
+// as an operator's first machine of a model), once without attestation.
+// The figure is Kiln's CPU per machine with it less without it; the
+// handler time of the two attestation calls is Kiln's kiln_api_request_seconds.
+// No peer: Tinkerbell, Metal3 and MAAS have no attestation gate.
+func TestBenchFleetAttest(t *testing.T) {
+	benchline.Need(t, true, "ip", "sysctl", "swtpm", "swtpm_setup")
+	kilnBin := filepath.Join(testreq.RepoRoot(), "bin", "kiln")
+	if _, err := os.Stat(kilnBin); err != nil {
+		t.Fatalf("%s: run make build (make bench does)", kilnBin)
+	}
+	kernel, _ := testreq.Env(t)
+	n := 100
+	if v := os.Getenv("KILN_FLEET_ATTEST_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 2 || n > fleetsim.MaxMachines {
+			t.Fatalf("KILN_FLEET_ATTEST_N %q: want 2..%d", v, fleetsim.MaxMachines)
+		}
+	}
+	run := func(attest int) *fleetsim.Result {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		res, err := fleetsim.Run(ctx, fleetsim.Options{N: n, Attest: attest, Work: t.TempDir(), KilnBin: kilnBin,
+			EnvDir: filepath.Dir(kernel), Out: os.Stdout})
+		if err != nil {
+			t.Fatalf("N=%d attest=%d: %v", n, attest, err)
+		}
+		if res.Provisioned != n {
+			t.Fatalf("N=%d attest=%d: %d provisioned, %d failed, %d unfinished", n, attest, res.Provisioned, res.Failed, res.Unfinished)
+		}
+		return res
+	}
+	with, without := run(n), run(0)
+	a := with.Attest
+	if a == nil || a.Passed != n || a.Quotes != n+1 {
+		t.Fatalf("attested run: %+v; want %d passed, %d quotes (the reference twice)", a, n, n+1)
+	}
+	benchline.Print(t, benchline.Line{Name: "fleet_attest_kiln_cpu_per_machine_ms", Unit: "ms", Kiln: with.CPUPerMachineMS - without.CPUPerMachineMS,
+		Fields: []benchline.Field{{Key: "with", Value: benchline.Num(with.CPUPerMachineMS)}, {Key: "without", Value: benchline.Num(without.CPUPerMachineMS)},
+			{Key: "machines", Value: strconv.Itoa(n)}, {Key: "start_ms", Value: benchline.Num(a.StartMS)}, {Key: "quote_ms", Value: benchline.Num(a.QuoteMS)},
+			{Key: "step_p50_s", Value: benchline.Num(a.StepTPM.P50)},
+			{Key: "store_mb_per_machine", Value: benchline.Num(float64(with.StoreBytes-without.StoreBytes) / float64(n) / (1 << 20))}}})
+}
+
 // TestFleetDay2 (root) is issue 14's day 2 at a small scale against a real
 // kiln serve: 54 machines storm-provisioned through inspection, 50 claimed
 // with POST /v1/machines/claim (4 spares of the same class and labels); then
