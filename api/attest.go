@@ -96,7 +96,7 @@ func attestationView(a *store.AttestationRecord) *Attestation {
 		return nil
 	}
 	v := &Attestation{Result: a.Result, Reason: a.Reason, Message: a.Message, At: a.At, Valid: a.Valid, Attempt: a.Attempt,
-		Model: a.Model, NonceID: a.NonceID, PCRDigest: a.PCRDigest, PCRs: a.PCRs, Events: len(a.Events), State: a.State,
+		Model: a.Model, NonceID: a.NonceID, PCRDigest: a.PCRDigest, PCRs: a.PCRs, Events: max(a.EventCount, len(a.Events)), State: a.State,
 		Mismatches: a.Mismatches, EKSHA256: a.EKSHA256, EKIssuer: a.EKIssuer, TPM: a.TPM}
 	if a.Challenge != nil {
 		t := a.Challenge.Expires

@@ -45,8 +45,12 @@ type AttestationRecord struct {
 	PCRDigest string      `json:"pcr_digest,omitempty"`
 	PCRs      []AttestPCR `json:"pcrs,omitempty"`
 	// Events are the replayed event log's events of the quoted PCRs (what
-	// `kiln attest learn` makes an approved state from).
-	Events []AttestEvent `json:"events,omitempty"`
+	// `kiln attest learn` makes an approved state from), kept for a result
+	// that is not a pass; a pass's events are those of its State, so the
+	// record does not carry them (every later write of the machine would
+	// repeat them in the raft log). EventCount is how many were replayed.
+	Events     []AttestEvent `json:"events,omitempty"`
+	EventCount int           `json:"event_count,omitempty"`
 	// State is the matched approved state's ID.
 	State string `json:"state,omitempty"`
 	// Mismatches name each measurement that differs from the closest

@@ -248,7 +248,7 @@ func (c *Controller) AttestQuote(ctx context.Context, machineID string, q agenta
 		// replayed quote names an old one): the machine is quarantined.
 		return c.attestVerdict(ctx, m.ID, "", rec)
 	}
-	rec.PCRs, rec.PCRDigest, rec.Events = ev.PCRs, ev.Digest, ev.Events
+	rec.PCRs, rec.PCRDigest, rec.Events, rec.EventCount = ev.PCRs, ev.Digest, ev.Events, len(ev.Events)
 	all, err := c.st.ListAttestStates()
 	if err != nil {
 		return agentapi.AttestResult{}, err
@@ -266,6 +266,7 @@ func (c *Controller) AttestQuote(ctx context.Context, machineID string, q agenta
 		rec.Message = "no approved state for model " + rec.Model + " (kiln attest learn " + m.ID + ", then kiln attest approve)"
 	case mt.State != nil:
 		rec.Result, rec.Valid, rec.State = store.AttestResultPassed, true, mt.State.ID
+		rec.Events = nil // they are the state's (store.AttestationRecord.Events)
 		rec.Message = "matches approved state " + mt.State.ID
 		if mt.State.Name != "" {
 			rec.Message += " (" + mt.State.Name + ")"
@@ -302,10 +303,10 @@ func (c *Controller) attestVerdict(ctx context.Context, id, nonceID string, rec 
 		if r.EKSHA256 == "" && m.Attestation != nil {
 			r.EKSHA256, r.EKIssuer = m.Attestation.EKSHA256, m.Attestation.EKIssuer
 		}
-		if rec.Result == store.AttestResultFailed && len(r.Events) == 0 && m.Attestation != nil {
+		if rec.Result == store.AttestResultFailed && len(r.Events) == 0 && m.Attestation != nil && len(m.Attestation.Events) > 0 {
 			// Keep the last evidence for `kiln attest learn` when this
 			// refusal has none (a bad quote).
-			r.PCRs, r.PCRDigest, r.Events = m.Attestation.PCRs, m.Attestation.PCRDigest, m.Attestation.Events
+			r.PCRs, r.PCRDigest, r.Events, r.EventCount = m.Attestation.PCRs, m.Attestation.PCRDigest, m.Attestation.Events, m.Attestation.EventCount
 		}
 		m.Attestation = &r
 		switch rec.Result {
@@ -439,8 +440,17 @@ func (c *Controller) LearnAttestState(ctx context.Context, id, name string, appr
 	if a == nil || len(a.PCRs) == 0 {
 		return store.AttestState{}, fmt.Errorf("%w: machine %s has no verified attestation to learn from (it must attest once: provision it)", ErrInvalid, id)
 	}
+	events := a.Events
+	if len(events) == 0 && a.State != "" {
+		// A pass keeps no events of its own: they are its matched state's.
+		st, err := c.st.GetAttestState(a.State)
+		if err != nil {
+			return store.AttestState{}, fmt.Errorf("lifecycle: learn from %s: its matched state %s: %w", id, a.State, err)
+		}
+		events = st.Events
+	}
 	s := store.AttestState{Model: a.Model, Name: name, Status: store.AttestStateProposed,
-		PCRs: a.PCRs, Events: a.Events, Source: id, SourceAt: a.At}
+		PCRs: a.PCRs, Events: events, Source: id, SourceAt: a.At}
 	if approve {
 		s.Status, s.ApprovedBy, s.ApprovedAt = store.AttestStateApproved, actor, c.now()
 	}

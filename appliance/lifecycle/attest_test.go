@@ -185,6 +185,17 @@ func TestAttestationGate(t *testing.T) {
 		if err := h.c.CredentialGate(got); err != nil || got.Labels[LabelAttestation] != "passed" || !got.Attestation.Valid {
 			t.Fatalf("after pass: gate %v labels %v", err, got.Labels)
 		}
+		// A pass records no events of its own (its state holds them), only
+		// their count; learning from it takes the state's.
+		if a := got.Attestation; len(a.Events) != 0 || a.EventCount != len(st.Events) || len(a.PCRs) != 9 || a.State != st.ID {
+			t.Fatalf("passed record: %d events (count %d), %d PCRs, state %s; want 0 (count %d), 9, %s",
+				len(a.Events), a.EventCount, len(a.PCRs), a.State, len(st.Events), st.ID)
+		}
+		again2, err := h.c.LearnAttestState(bg, m.ID, "from a pass", false, "token:alice")
+		must(t, err)
+		if len(again2.Events) != len(st.Events) || len(again2.PCRs) != len(st.PCRs) {
+			t.Fatalf("learned from a pass: %d events, %d PCRs; want %d, %d", len(again2.Events), len(again2.PCRs), len(st.Events), len(st.PCRs))
+		}
 		// The same quote again (a retry after a lost answer): the same verdict.
 		again, err := h.c.AttestQuote(bg, m.ID, q)
 		if err != nil || again.Result != store.AttestResultPassed {

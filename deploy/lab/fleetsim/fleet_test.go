@@ -248,7 +248,8 @@ func TestBenchFleetAttest(t *testing.T) {
 		Fields: []benchline.Field{{Key: "with", Value: benchline.Num(with.CPUPerMachineMS)}, {Key: "without", Value: benchline.Num(without.CPUPerMachineMS)},
 			{Key: "machines", Value: strconv.Itoa(n)}, {Key: "start_ms", Value: benchline.Num(a.StartMS)}, {Key: "quote_ms", Value: benchline.Num(a.QuoteMS)},
 			{Key: "step_p50_s", Value: benchline.Num(a.StepTPM.P50)},
-			{Key: "store_mb_per_machine", Value: benchline.Num(float64(with.StoreBytes-without.StoreBytes) / float64(n) / (1 << 20))}}})
+			{Key: "raft_entries_per_machine_with", Value: benchline.Num(with.Metrics["kiln_store_last_index"] / float64(n))},
+			{Key: "raft_entries_per_machine_without", Value: benchline.Num(without.Metrics["kiln_store_last_index"] / float64(n))}}})
 }
 
 // TestFleetDay2 (root) is issue 14's day 2 at a small scale against a real
