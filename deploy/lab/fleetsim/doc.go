@@ -54,6 +54,18 @@
 // total), the raft log's and bbolt's file sizes and the events written (per
 // machine and by kind).
 //
+// Attestation ([Options.Attest], attest.go; issue 16): the first K machines
+// have a TPM 2.0 each (a swtpm, EK certificate included), measured at each
+// boot as OVMF and the Linux EFI stub measure one, with the kernel command
+// line the machine's script gave it; their attest step is the real agent's
+// exchange (agent.AttestTPM). The model requires attestation and allows the
+// others without a TPM. The first TPM machine is the reference (refused for
+// want of an approved state, learned and approved, inspected and built
+// again); the other TPM machines are claimed once its state is approved.
+// The line after the metrics:
+//
+//	fleet: attest: K machines with a TPM …; P passed, R refused (…); kiln handler time per TPM attestation X ms (…); attest step p50/p99 s: …
+//
 // Day 2 ([Options.Day2], day2.go; issue 14): the storm's machines are not
 // claimed one by one as they become available; once the whole fleet is
 // inspected, all but Day2.Spares are claimed with POST /v1/machines/claim
