@@ -204,6 +204,7 @@ func TestSixSitesWANCut(t *testing.T) {
 		o := fleetsim.Options{N: perSite, Work: siteWork[i], Prefix: "kc" + tag + "s" + strconv.Itoa(i),
 			KilnBin: bins["kiln"], EnvDir: envDir, AgentPoll: time.Second, ImageMiB: 2, EnvBytes: 256 << 10,
 			APIListen: "0.0.0.0:7480", Hold: filepath.Join(work, fmt.Sprintf("hold-%d", i)), Out: logf,
+			HoldMax: 10*time.Minute + time.Duration(perSite*nSites)*50*time.Millisecond,
 			OnLab: func(srv string) error {
 				wan := "wan" + strconv.Itoa(i)
 				for _, s := range [][]string{
@@ -279,7 +280,10 @@ func TestSixSitesWANCut(t *testing.T) {
 
 	// Every site finished and dumped its feed; the central catches up.
 	heads := make([]uint64, nSites+1)
-	poll("every site's run and dump", 10*time.Minute, func() bool {
+	// The limits grow with the sites' size: six 2,000-machine storms share
+	// this machine's cores.
+	scale := time.Duration(perSite*nSites) * 50 * time.Millisecond
+	poll("every site's run and dump", 10*time.Minute+scale, func() bool {
 		for i := 1; i <= nSites; i++ {
 			b, err := os.ReadFile(filepath.Join(work, fmt.Sprintf("hold-%d.ready", i)))
 			if err != nil {
@@ -289,7 +293,7 @@ func TestSixSitesWANCut(t *testing.T) {
 		}
 		return true
 	})
-	poll("the central caught up", 2*time.Minute, func() bool {
+	poll("the central caught up", 2*time.Minute+scale/5, func() bool {
 		l := lag()
 		for i := 1; i <= nSites; i++ {
 			if l[fmt.Sprintf("site-%d", i)].Cursor < heads[i] {
