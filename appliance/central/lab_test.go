@@ -261,8 +261,11 @@ func TestSixSitesWANCut(t *testing.T) {
 	}
 	cs := fmt.Sprintf("site-%d", cutSite)
 	// Cut once site 3's feed flows into the central and its machines are
-	// being provisioned (the central has its first events).
-	poll("site-3 events at the central", 3*time.Minute, func() bool { return lag()[cs].Events > 0 })
+	// being provisioned: the central has 10 events per machine of it (a
+	// build writes about 45), so the cut falls in the storm, not before it.
+	poll("site-3 events at the central", 3*time.Minute+time.Duration(perSite)*100*time.Millisecond, func() bool {
+		return lag()[cs].Events >= 10*perSite
+	})
 	wan := "wan" + strconv.Itoa(cutSite)
 	cutStart := time.Now()
 	ipc(t, "-n", ctl, "link", "set", wan, "down")
