@@ -10,6 +10,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -75,6 +76,24 @@ func (w *claimWakes) woken(id string) {
 	w.m[id] = cw
 }
 
+// claimUntaken is the precondition of a claim's wake (bmcWork.still): the
+// machine is still available with a claim and this node has not heard its
+// agent since. Without it, a wake queued from the loop's snapshot
+// power-cycled a machine whose agent took the claim meanwhile, in the
+// middle of its build (the fleet simulator's leader kill, 1 of 30
+// machines failed agent_restarted).
+func (c *Controller) claimUntaken(m store.Machine) string {
+	switch {
+	case m.State != store.StateAvailable:
+		return fmt.Sprintf("the claim was taken: the machine is %s", m.State)
+	case m.Claim == nil:
+		return "the machine is no longer claimed"
+	case c.agentAlive(m.ID):
+		return "its agent was heard since the wake was queued"
+	}
+	return ""
+}
+
 // forget drops the machines no longer waiting (not in keep).
 func (w *claimWakes) forget(keep map[string]bool) {
 	w.mu.Lock()
@@ -111,7 +130,13 @@ func (c *Controller) checkClaimWakes(ctx context.Context) error {
 			continue
 		}
 		id := m.ID
-		queued, err := c.enqueuePXEBoot(ctx, m, func(ctx context.Context, err error) {
+		// ms is a snapshot: re-read, as the agent may have taken the claim
+		// since (an agent polling another node, or one whose polls failed
+		// through an election); the job checks again before it runs.
+		if cur, err := c.st.GetMachine(m.ID); err != nil || c.claimUntaken(cur) != "" {
+			continue
+		}
+		queued, err := c.enqueuePXEBoot(ctx, m, c.claimUntaken, func(ctx context.Context, err error) {
 			if err != nil {
 				c.logger().Warn("power claimed machine", "machine", id, "err", err)
 			}

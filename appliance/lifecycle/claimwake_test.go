@@ -90,3 +90,64 @@ func TestClaimWakeOneNode(t *testing.T) {
 		t.Fatalf("jobs right after the claim on a single node: %q", got)
 	}
 }
+
+// TestClaimWakeSuperseded: a wake queued from the loop's snapshot does not
+// run once the machine's agent has taken the claim (it polled another node,
+// or its polls failed through an election and it came back late): its jobs
+// end failed with reason superseded and the BMC is never called, so the
+// build the agent started is not power-cycled away (the fleet simulator's
+// leader kill: agent_restarted during write). A wake whose machine still
+// waits runs as before.
+func TestClaimWakeSuperseded(t *testing.T) {
+	st := threeNodes{newStore(t)}
+	h := newHarness(t, st, nil)
+	other := newHarness(t, st, nil)
+	other.clk = h.clk
+	other.c.cfg.Now = h.clk.Now
+	img := h.image("img.raw")
+	late := availableOn(t, st, "late", "02:00:00:00:e0:04")
+	idle := availableOn(t, st, "idle", "02:00:00:00:e0:05")
+	for _, m := range []store.Machine{late, idle} {
+		_, err := h.c.EnrollBMC(bg, m.ID, store.BMC{Address: "10.99.1.10:623", Driver: "ipmi", Username: "admin"}, "pw", store.W{Actor: "t"})
+		must(t, err)
+		_, err = h.c.Provision(bg, m.ID, store.Claim{Image: img.ID}, store.W{Actor: "capi"})
+		must(t, err)
+	}
+	must(t, h.c.Tick(bg))
+	h.clk.Advance(h.c.cfg.AgentStaleAfter + 1)
+	must(t, h.c.Tick(bg))
+	for _, m := range []store.Machine{late, idle} {
+		if got := strings.Join(jobKinds(t, st.Store, m.ID), ","); got != "boot_pxe pending,power_cycle pending" {
+			t.Fatalf("%s: jobs %q after AgentStaleAfter, want the wake queued", m.Name, got)
+		}
+	}
+	// late's agent takes the claim through the other node before a worker
+	// runs the wake.
+	task, err := other.c.AgentTask(bg, late.ID)
+	must(t, err)
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("late's task %+v, want provision", task)
+	}
+	must(t, other.c.AgentReport(bg, late.ID, agentapi.Report{Step: agentapi.StepCheck, State: agentapi.StateStarted, Attempt: task.Attempt}))
+	h.c.drain(bg)
+	if got := strings.Join(jobKinds(t, st.Store, late.ID), ","); got != "boot_pxe failed,power_cycle failed" {
+		t.Fatalf("late's jobs %q, want both failed (superseded)", got)
+	}
+	js, err := st.ListJobs(late.ID)
+	must(t, err)
+	for _, j := range js {
+		if j.Reason != ReasonSuperseded || !strings.Contains(j.Message, "provisioning") {
+			t.Errorf("late's job %s: reason %q message %q, want superseded naming the state it moved to", j.Kind, j.Reason, j.Message)
+		}
+	}
+	calls := strings.Join(h.bmc.Calls(), ",")
+	if strings.Contains(calls, late.ID) {
+		t.Fatalf("BMC calls %s: the building machine %s was touched", calls, late.ID)
+	}
+	if !strings.Contains(calls, "power_cycle "+idle.ID) {
+		t.Fatalf("BMC calls %s: the idle machine %s was not woken", calls, idle.ID)
+	}
+	if m := h.mustState(late.ID, store.StateProvisioning); m.Step == nil || m.Step.Step != agentapi.StepCheck {
+		t.Fatalf("late's step %+v, want its build's check", m.Step)
+	}
+}

@@ -47,13 +47,40 @@ type bmcWork struct {
 	mode    store.BootMode
 	jobs    []store.Job // created pending, run in order
 	onDone  func(ctx context.Context, err error)
+	// still, when set, is the sequence's precondition, checked against the
+	// machine's current record before each job: "" while it holds, else why
+	// the sequence no longer applies (runWork then supersedes the rest).
+	still func(m store.Machine) string
 }
 
+// ReasonSuperseded is the reason of a job that did not run because the
+// machine moved on after its sequence was queued (bmcWork.still): its
+// agent took the claim or answered meanwhile.
+const ReasonSuperseded = "superseded"
+
 // enqueuePXEBoot queues "boot_pxe" then "power_cycle" for m and calls
-// onDone with the outcome once a worker ran them. It returns false (and
-// queues nothing) when a sequence for m is already queued or running.
-func (c *Controller) enqueuePXEBoot(ctx context.Context, m store.Machine, onDone func(ctx context.Context, err error)) (bool, error) {
-	return c.enqueueJobs(ctx, m, []string{JobBootPXE, JobPowerCycle}, store.W{Actor: ActorController, Reason: "queued"}, onDone)
+// onDone with the outcome once a worker ran them. still is the sequence's
+// precondition (bmcWork.still; nil: none). It returns false (and queues
+// nothing) when a sequence for m is already queued or running.
+func (c *Controller) enqueuePXEBoot(ctx context.Context, m store.Machine, still func(store.Machine) string, onDone func(ctx context.Context, err error)) (bool, error) {
+	return c.enqueueGuarded(ctx, m, []string{JobBootPXE, JobPowerCycle}, store.W{Actor: ActorController, Reason: "queued"}, still, onDone)
+}
+
+// waitingIn is the precondition of a sequence that boots a machine into
+// its agent for state: the machine is still in state and no agent has
+// answered for it (no step, or its step pending). Once an agent runs, a
+// power cycle would only kill it (an agent that registers again in the
+// middle of a build fails the machine, agent_restarted).
+func waitingIn(state store.MachineState) func(store.Machine) string {
+	return func(m store.Machine) string {
+		if m.State != state {
+			return fmt.Sprintf("the machine moved from %s to %s before the job ran", state, m.State)
+		}
+		if m.Step != nil && m.Step.State != stepPending {
+			return fmt.Sprintf("its agent answered (step %s %s) before the job ran", m.Step.Step, m.Step.State)
+		}
+		return ""
+	}
 }
 
 // enqueueJobs queues the jobs kinds for m (created pending with w, so the
@@ -61,10 +88,16 @@ func (c *Controller) enqueuePXEBoot(ctx context.Context, m store.Machine, onDone
 // once a worker ran them. It returns false (and queues nothing) when a
 // sequence for m is already queued or running.
 func (c *Controller) enqueueJobs(ctx context.Context, m store.Machine, kinds []string, w store.W, onDone func(ctx context.Context, err error)) (bool, error) {
+	return c.enqueueGuarded(ctx, m, kinds, w, nil, onDone)
+}
+
+// enqueueGuarded is enqueueJobs with the sequence's precondition still
+// (bmcWork.still; nil: none).
+func (c *Controller) enqueueGuarded(ctx context.Context, m store.Machine, kinds []string, w store.W, still func(store.Machine) string, onDone func(ctx context.Context, err error)) (bool, error) {
 	if !c.jobs.reserve(m.ID) {
 		return false, nil
 	}
-	work := bmcWork{machine: m.ID, mode: m.BootMode, onDone: onDone}
+	work := bmcWork{machine: m.ID, mode: m.BootMode, onDone: onDone, still: still}
 	for _, kind := range kinds {
 		j, err := c.st.PutJob(ctx, store.Job{Machine: m.ID, Kind: kind, State: JobPending}, w)
 		if err != nil {
@@ -101,10 +134,17 @@ func (c *Controller) worker(ctx context.Context) {
 	}
 }
 
-// runWork executes one sequence; a failed job fails the rest unrun.
+// runWork executes one sequence; a failed job fails the rest unrun. When
+// the sequence's precondition (still) no longer holds before a job, that
+// job and the rest end failed with reason superseded and onDone gets nil:
+// nothing failed, the machine moved on. The precondition is read from this
+// node's store (the leader's, which has every committed write); an agent
+// that takes the machine in the moment between that read and the BMC call
+// is not covered.
 func (c *Controller) runWork(ctx context.Context, w bmcWork) {
 	defer c.jobs.release(w.machine)
 	var failed error
+	superseded := ""
 	for _, j := range w.jobs {
 		if failed != nil {
 			c.finishJob(ctx, j, JobFailed, "skipped", "an earlier job of the sequence failed")
@@ -113,6 +153,15 @@ func (c *Controller) runWork(ctx context.Context, w bmcWork) {
 		if ctx.Err() != nil || !c.st.IsLeader() {
 			failed = errors.New("controller lost leadership or stopped")
 			c.finishJob(ctx, j, JobFailed, "not_leader", failed.Error())
+			continue
+		}
+		if superseded == "" && w.still != nil {
+			if cur, err := c.st.GetMachine(w.machine); err == nil {
+				superseded = w.still(cur)
+			}
+		}
+		if superseded != "" {
+			c.finishJob(ctx, j, JobFailed, ReasonSuperseded, truncate(superseded, 256))
 			continue
 		}
 		j, err := c.st.PutJob(ctx, setJob(j, JobRunning, "", ""), store.W{Actor: ActorController})
@@ -216,7 +265,7 @@ func (c *Controller) autoInspect(ctx context.Context) error {
 			continue
 		}
 		id := m.ID
-		if _, err := c.enqueuePXEBoot(ctx, m, func(ctx context.Context, err error) { c.autoInspectDone(ctx, id, err) }); err != nil {
+		if _, err := c.enqueuePXEBoot(ctx, m, waitingIn(store.StateRegistered), func(ctx context.Context, err error) { c.autoInspectDone(ctx, id, err) }); err != nil {
 			return err
 		}
 	}

@@ -115,7 +115,7 @@ func (c *Controller) wakeForClaim(ctx context.Context, m store.Machine) {
 		return
 	}
 	id := m.ID
-	if _, err := c.enqueuePXEBoot(ctx, m, func(ctx context.Context, err error) {
+	if _, err := c.enqueuePXEBoot(ctx, m, c.claimUntaken, func(ctx context.Context, err error) {
 		if err != nil {
 			c.logger().Warn("power claimed machine", "machine", id, "err", err)
 		}
@@ -345,7 +345,7 @@ func (c *Controller) powerIntoAgent(ctx context.Context, m store.Machine, state 
 	if m.BMC == "" || c.bmc == nil {
 		return
 	}
-	if _, err := c.enqueuePXEBoot(ctx, m, c.powerDone(m.ID, state)); err != nil {
+	if _, err := c.enqueuePXEBoot(ctx, m, waitingIn(state), c.powerDone(m.ID, state)); err != nil {
 		c.logger().Warn("queue power", "machine", m.ID, "err", err)
 	}
 }

@@ -652,6 +652,7 @@ done:
 	if err := f.countEvents(ctx, res); err != nil {
 		return nil, err
 	}
+	f.trails(ctx, res, start)
 	if m, err := f.k.metrics(ctx); err == nil {
 		res.Metrics = m
 	} else {
@@ -860,6 +861,75 @@ func (f *fleet) countEvents(ctx context.Context, res *Result) error {
 	}
 	res.EventKinds = kinds
 	return nil
+}
+
+// maxTrails bounds Result.Trails.
+const maxTrails = 3
+
+// trails fills res.Trails for the first maxTrails machines Kiln failed:
+// their transition events (GET /v1/events?subject=machine/ID) and their
+// BMC jobs with each job's last state (GET /v1/jobs?machine=ID), in time
+// order, seconds after start. A read that fails is said and skipped.
+func (f *fleet) trails(ctx context.Context, res *Result, start time.Time) {
+	type entry struct {
+		at   time.Time
+		text string
+	}
+	for _, m := range f.machines {
+		if len(res.Trails) >= maxTrails {
+			return
+		}
+		m.mu.Lock()
+		failed := !m.t.failed.IsZero()
+		m.mu.Unlock()
+		if !failed {
+			continue
+		}
+		var es []entry
+		var el struct {
+			Events []struct {
+				Time    time.Time `json:"time"`
+				Kind    string    `json:"kind"`
+				From    string    `json:"from"`
+				To      string    `json:"to"`
+				Actor   string    `json:"actor"`
+				Reason  string    `json:"reason"`
+				Message string    `json:"message"`
+			} `json:"events"`
+		}
+		q := url.Values{"after": {"0"}, "limit": {"1000"}, "subject": {"machine/" + m.id}}
+		if err := f.do(ctx, "GET", "/v1/events", q, nil, "", &el); err != nil {
+			f.say("fleet: trail of %s: %v", m.name, err)
+			continue
+		}
+		for _, e := range el.Events {
+			if e.Kind == "transition" {
+				es = append(es, entry{e.Time, fmt.Sprintf("%s→%s (%s %s)", e.From, e.To, e.Actor, e.Reason)})
+			}
+		}
+		var jl struct {
+			Items []struct {
+				Kind    string    `json:"kind"`
+				State   string    `json:"state"`
+				Reason  string    `json:"reason"`
+				Created time.Time `json:"created_at"`
+				Updated time.Time `json:"updated_at"`
+			} `json:"items"`
+		}
+		if err := f.do(ctx, "GET", "/v1/jobs", url.Values{"machine": {m.id}}, nil, "", &jl); err != nil {
+			f.say("fleet: jobs of %s: %v", m.name, err)
+		}
+		for _, j := range jl.Items {
+			es = append(es, entry{j.Created, fmt.Sprintf("job %s queued, %s %s at %+.1f s", j.Kind, j.State, j.Reason, j.Updated.Sub(start).Seconds())})
+		}
+		sort.SliceStable(es, func(i, k int) bool { return es[i].at.Before(es[k].at) })
+		var b strings.Builder
+		b.WriteString(m.name + ":")
+		for _, e := range es {
+			fmt.Fprintf(&b, " %+.1f s %s;", e.at.Sub(start).Seconds(), e.text)
+		}
+		res.Trails = append(res.Trails, strings.TrimSuffix(b.String(), ";"))
+	}
 }
 
 // makeImage writes a raw image of ImageMiB pseudo-random MiB and returns its path and SHA-256.

@@ -59,6 +59,10 @@ type Result struct {
 	Errors    []string `json:"errors,omitempty"`
 	// Failures are the first few machines Kiln failed, with the reason.
 	Failures []string `json:"failures,omitempty"`
+	// Trails are, for the first few machines Kiln failed, their transitions
+	// and BMC jobs in order (seconds after the import began): what a failure
+	// in CI needs to be understood without the run's store.
+	Trails []string `json:"trails,omitempty"`
 	// A cluster run (Options.Nodes > 1): the node count; the leader killed,
 	// when (seconds after the import began) and with how many machines
 	// mid-build (write begun, not yet provisioned); the node elected after
@@ -247,6 +251,9 @@ func (r *Result) Lines() []string {
 	}
 	for _, e := range r.Failures {
 		out = append(out, "fleet: kiln failed "+e)
+	}
+	for _, e := range r.Trails {
+		out = append(out, "fleet: trail "+e)
 	}
 	for _, e := range r.Problems {
 		out = append(out, "fleet: check failed: "+e)
