@@ -50,7 +50,7 @@ type layout struct {
 type LayerPlace struct {
 	Layer  agentapi.Layer
 	Part   PartInfo
-	Stream string
+	Stream uint32 // CRC-32C of the layer as streamed (writeImage)
 }
 
 func layerPartName(l agentapi.Layer) string {
@@ -229,17 +229,12 @@ func (a *Agent) provisionLayers(ctx context.Context, task *agentapi.Task) (map[s
 				if i == 0 {
 					orig = lay.orig
 				}
-				got, err := a.readBack(ctx, agentapi.StepVerify, task.Heartbeat, dev, p.Part.Start, int64(p.Layer.Size), orig)
+				got, crc, err := a.readBack(ctx, agentapi.StepVerify, task.Heartbeat, dev, p.Part.Start, int64(p.Layer.Size), orig)
 				if err != nil {
 					return "", fail(agentapi.StepVerify, agentapi.ReasonWriteFailed, "read back layer %s: %v", p.Layer.Name, err)
 				}
-				switch {
-				case p.Stream != want:
-					return "", fail(agentapi.StepVerify, agentapi.ReasonDigestMismatch, "layer %s served sha256 %s, want %s (attempt %d)", p.Layer.Name, p.Stream, want, attempt+1)
-				case got != want && attempt == 0:
-					return "", fail(agentapi.StepVerify, agentapi.ReasonVerifyMismatch, "layer %s reads back sha256 %s, want %s", p.Layer.Name, got, want)
-				case got != want:
-					return "", fail(agentapi.StepVerify, agentapi.ReasonDigestMismatch, "layer %s reads back sha256 %s, want %s (attempt %d)", p.Layer.Name, got, want, attempt+1)
+				if err := judgeReadBack("layer "+p.Layer.Name, got, want, crc, p.Stream, attempt); err != nil {
+					return "", err
 				}
 				written = append(written, agentapi.LayerWritten{Name: p.Layer.Name, SHA256: got, Start: uint64(p.Part.Start), Size: p.Layer.Size})
 			}
@@ -549,7 +544,7 @@ func (a *Agent) stageNode(ctx context.Context, task *agentapi.Task, dev *Device,
 	if err := dev.Sync(); err != nil {
 		return "", "", fail(agentapi.StepStage, agentapi.ReasonWriteFailed, "sync: %v", err)
 	}
-	got, err := a.readBack(ctx, agentapi.StepStage, task.Heartbeat, dev, part.Start, part.Size, nil)
+	got, _, err := a.readBack(ctx, agentapi.StepStage, task.Heartbeat, dev, part.Start, part.Size, nil)
 	if err != nil || got != sum {
 		return "", "", fail(agentapi.StepStage, agentapi.ReasonVerifyMismatch, "%s reads back sha256 %s (err %v), wrote %s", agentapi.PartNode, got, err, sum)
 	}

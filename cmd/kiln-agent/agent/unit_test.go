@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -456,4 +457,43 @@ func FuzzAppendGPTPartitions(f *testing.F) {
 			t.Fatal("restoring orig does not give back the image range")
 		}
 	})
+}
+
+// TestJudgeReadBack: verify's attribution of a wrong read-back by the CRC-32C
+// of the stream against the read-back's (cmd/kiln-agent/DESIGN.md "Decisions", its write pipeline).
+func TestJudgeReadBack(t *testing.T) {
+	img := []byte("the pinned image")
+	want := fmt.Sprintf("%x", sha256.Sum256(img))
+	bad := bytes.Clone(img)
+	bad[3] ^= 1
+	badSum := fmt.Sprintf("%x", sha256.Sum256(bad))
+	crc := func(b []byte) uint32 { return crc32.Checksum(b, streamTable) }
+	for _, tc := range []struct {
+		name         string
+		disk, stream []byte
+		attempt      int
+		reason       agentapi.Reason
+		inMsg        string
+	}{
+		{"good", img, img, 0, "", ""},
+		{"served wrong", bad, bad, 0, agentapi.ReasonDigestMismatch, "the disk holds exactly the stream"},
+		{"disk wrong", bad, img, 0, agentapi.ReasonVerifyMismatch, "the stream's"},
+		{"disk wrong after a rewrite", bad, img, 1, agentapi.ReasonDigestMismatch, "(attempt 2)"},
+	} {
+		got := want
+		if !bytes.Equal(tc.disk, img) {
+			got = badSum
+		}
+		err := judgeReadBack("image", got, want, crc(tc.disk), crc(tc.stream), tc.attempt)
+		if tc.reason == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		var se *StepError
+		if !errors.As(err, &se) || se.Reason != tc.reason || se.Step != agentapi.StepVerify || !strings.Contains(se.Error(), tc.inMsg) {
+			t.Errorf("%s: %v, want %s naming %q", tc.name, err, tc.reason, tc.inMsg)
+		}
+	}
 }
