@@ -59,7 +59,21 @@ func (c *Controller) AgentRegister(ctx context.Context, machineID string, reg ag
 	now := c.now()
 	hw := hardwareFrom(reg.Inventory)
 	var extra []store.FieldDiff // MACs the store holds for other machines
+	// inBuildFirst: whether the machine was in a build step when this
+	// registration was first applied (nil before). A build step seen only
+	// on a retry (after a conflict) began while this registration waited to
+	// commit: it is older than the build (its agent has since taken the
+	// claim, and may be the one building) and must not fail it.
+	var inBuildFirst *bool
 	record := func(m *store.Machine) error {
+		inBuild := m.State == store.StateProvisioning && m.Step != nil && m.Step.State != stepPending
+		if inBuildFirst == nil {
+			inBuildFirst = &inBuild
+		}
+		if inBuild && !*inBuildFirst {
+			return fmt.Errorf("%w: machine %s: its build began (step %s) while this registration waited to commit; register again if the agent restarted",
+				errLateRegistration, machineID, m.Step.Step)
+		}
 		d := hw
 		m.Discovered = &d
 		m.Diff = append(computeDiff(*m, hw, c.cfg.DiffPolicy, c.cfg.MemoryTolerance), extra...)

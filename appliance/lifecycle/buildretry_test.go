@@ -1,6 +1,9 @@
 package lifecycle
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,5 +154,64 @@ func TestStaleReport(t *testing.T) {
 		if got := staleReport(c.prev, c.rep); got != c.stale {
 			t.Errorf("staleReport(%+v, %+v) = %v, want %v", c.prev, c.rep, got, c.stale)
 		}
+	}
+}
+
+// lateStore is the real store with one hook: before the first ReportAgent
+// write goes through, before runs (another node's write landing while this
+// one waits to commit).
+type lateStore struct {
+	*store.Store
+	before func()
+}
+
+func (l *lateStore) ReportAgent(ctx context.Context, m store.Machine, evs []store.Event, w store.W) (store.Machine, error) {
+	if f := l.before; f != nil {
+		l.before = nil
+		f()
+	}
+	return l.Store.ReportAgent(ctx, m, evs, w)
+}
+
+// TestLateRegistrationDoesNotFailBuild (issue 12 item 6, "a late report
+// never moves a machine backwards"): a registration that read the machine
+// available and claimed, and found on its retry after a conflict that the
+// build had begun meanwhile (the agent, its answer slow, took the claim
+// through another node), is refused as a conflict and writes nothing: the
+// build goes on. A registration that arrives when the build is already
+// under way still fails it (agent_restarted: the machine rebooted).
+func TestLateRegistrationDoesNotFailBuild(t *testing.T) {
+	s := newStore(t)
+	ls := &lateStore{Store: s}
+	h := newHarness(t, ls, nil)
+	other := newHarness(t, s, nil)
+	other.clk = h.clk
+	other.c.cfg.Now = h.clk.Now
+	img := h.image("late.raw")
+	m := availableOn(t, s, "late-reg", "02:00:00:00:e1:01")
+	_, err := h.c.Provision(bg, m.ID, store.Claim{Image: img.ID}, store.W{Actor: "capi"})
+	must(t, err)
+	var task agentapi.Task
+	ls.before = func() {
+		task, err = other.c.AgentTask(bg, m.ID)
+		must(t, err)
+		must(t, other.c.AgentReport(bg, m.ID, agentapi.Report{Step: agentapi.StepCheck, State: agentapi.StateStarted, Attempt: task.Attempt}))
+	}
+	_, rerr := h.c.AgentRegister(bg, m.ID, agentapi.Registration{Inventory: inventory(m)})
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("the other node's task %+v, want provision", task)
+	}
+	if !errors.Is(rerr, store.ErrConflict) || !strings.Contains(rerr.Error(), "while this registration waited") {
+		t.Fatalf("late registration: %v, want a conflict naming why", rerr)
+	}
+	got := h.mustState(m.ID, store.StateProvisioning)
+	if got.Step == nil || got.Step.Step != agentapi.StepCheck || got.Step.State != string(agentapi.StateStarted) {
+		t.Fatalf("after the late registration: %s %s step %+v", got.State, got.Reason, got.Step)
+	}
+	// Registered again now, mid-build: the machine rebooted.
+	_, err = h.c.AgentRegister(bg, m.ID, agentapi.Registration{Inventory: inventory(m)})
+	must(t, err)
+	if got := h.mustState(m.ID, store.StateFailed); got.Reason != ReasonAgentRestarted {
+		t.Fatalf("registration mid-build: reason %q, want %s", got.Reason, ReasonAgentRestarted)
 	}
 }

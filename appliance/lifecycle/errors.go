@@ -24,6 +24,10 @@ var (
 	ErrNotEnough = errors.New("lifecycle: not enough available machines")
 	// ErrMachineMismatch: an agent message names a machine other than the one its token is for.
 	ErrMachineMismatch = errors.New("lifecycle: agent message names another machine")
+	// errLateRegistration wraps store.ErrConflict (409): AgentRegister found
+	// on a retry that the machine's build began after the registration was
+	// first applied; nothing was written (the agent registers again).
+	errLateRegistration = fmt.Errorf("lifecycle: late agent registration: %w", store.ErrConflict)
 	// ErrBadReport: an agent report carries an unknown step, state or reason.
 	ErrBadReport = errors.New("lifecycle: malformed agent report")
 	// ErrCredentialsRefused: GET /v1/agent/credentials outside a release
