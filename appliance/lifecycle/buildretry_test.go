@@ -184,9 +184,7 @@ func TestLateRegistrationDoesNotFailBuild(t *testing.T) {
 	s := newStore(t)
 	ls := &lateStore{Store: s}
 	h := newHarness(t, ls, nil)
-	other := newHarness(t, s, nil)
-	other.clk = h.clk
-	other.c.cfg.Now = h.clk.Now
+	other := otherNode(t, h, s)
 	img := h.image("late.raw")
 	m := availableOn(t, s, "late-reg", "02:00:00:00:e1:01")
 	_, err := h.c.Provision(bg, m.ID, store.Claim{Image: img.ID}, store.W{Actor: "capi"})

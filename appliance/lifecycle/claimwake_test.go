@@ -14,6 +14,15 @@ type threeNodes struct{ *store.Store }
 
 func (threeNodes) NodeIDs() ([]string, error) { return []string{"kiln-a", "kiln-b", "kiln-c"}, nil }
 
+// otherNode is a second controller over st, as another node of h's site:
+// it shares h's clock (one site clock) but not its memory of agents.
+func otherNode(t *testing.T, h *harness, st Store) *harness {
+	o := newHarness(t, st, nil)
+	o.clk = h.clk
+	o.c.cfg.Now = h.clk.Now
+	return o
+}
+
 // TestClaimWakeInCluster: on a node of a cluster of several, a claim does
 // not power the machine at once, even through the leader, whose memory
 // does not hold an agent that polls another node (e2e-ha saw that power
@@ -23,10 +32,8 @@ func (threeNodes) NodeIDs() ([]string, error) { return []string{"kiln-a", "kiln-
 // (on the other node) took the claim is left alone.
 func TestClaimWakeInCluster(t *testing.T) {
 	st := threeNodes{newStore(t)}
-	h := newHarness(t, st, nil)     // the leader, where the claims land
-	other := newHarness(t, st, nil) // another node: the live agent polls it
-	other.clk = h.clk               // (one site clock)
-	other.c.cfg.Now = h.clk.Now
+	h := newHarness(t, st, nil)  // the leader, where the claims land
+	other := otherNode(t, h, st) // another node: the live agent polls it
 	img := h.image("img.raw")
 	alive := availableOn(t, st, "alive", "02:00:00:00:e0:01")
 	dead := availableOn(t, st, "dead", "02:00:00:00:e0:02")
@@ -101,9 +108,7 @@ func TestClaimWakeOneNode(t *testing.T) {
 func TestClaimWakeSuperseded(t *testing.T) {
 	st := threeNodes{newStore(t)}
 	h := newHarness(t, st, nil)
-	other := newHarness(t, st, nil)
-	other.clk = h.clk
-	other.c.cfg.Now = h.clk.Now
+	other := otherNode(t, h, st)
 	img := h.image("img.raw")
 	late := availableOn(t, st, "late", "02:00:00:00:e0:04")
 	idle := availableOn(t, st, "idle", "02:00:00:00:e0:05")
