@@ -98,6 +98,7 @@ func TestUEFITriedDisk(t *testing.T) {
 		{"disk only before the last script", disk + script + pxe, false},
 		{"an iPXE shell after the script", script + disk + "iPXE> ", false},
 		{"network only", script + pxe, false},
+		{"the boot manager menu", script + pxe + `BdsDxe: loading Boot0000 "UiApp" from Fv(7CB8BDC9-F8EB-4F34-AAEA-3EE4AF6516A1)/FvFile(462CAA21-7614-4503-836E-8AB6F4662331)` + "\r\n", false},
 	} {
 		if got := uefiTriedDisk([]byte(c.serial)); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)

@@ -14,6 +14,12 @@ import (
 	"kiln/deploy/lab/testreq"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	CleanupRelease()
+	os.Exit(code)
+}
+
 // repoRoot is the module root (this file lives in deploy/lab/e2e).
 func repoRoot(t *testing.T) string {
 	_, file, _, _ := runtime.Caller(0)
@@ -78,46 +84,51 @@ const e2eBurnIn = `burn_in:
     nic_wait: 10s
 `
 
-// TestE2EBIOS: SeaBIOS + iPXE ROM, an IPMI BMC (ipmi_sim), to provisioned,
-// with burn-in required: the machine is available only after its burn-in
-// (CPU, memory, disk, NIC) passed in the VM.
+// TestE2EBIOS: SeaBIOS + iPXE ROM, an IPMI BMC (ipmi_sim), the lab OS
+// release (issue 15) to provisioned, with burn-in required (issue 17): the
+// machine is available only after its burn-in passed in the VM. The first
+// build is served a control-plane layer whose bytes rotted on the
+// appliance: it fails in verify with the disk left unbootable, and a power
+// cycle netboots the agent again; reprovisioned with the bytes restored,
+// the VM boots the written OS, whose first-boot report makes it
+// provisioned; the host checks every layer and the per-node layer.
 func TestE2EBIOS(t *testing.T) {
 	gate(t)
-	r := run(t, Options{Firmware: "bios", BMC: "ipmi", DiskMiB: 64, ImageMiB: 24, ExtraConfig: e2eBurnIn})
+	testreq.Commands(t, "veritysetup", "mksquashfs", "mkfs.ext4", "sgdisk", "syslinux", "mcopy")
+	r := run(t, Options{Firmware: "bios", BMC: "ipmi", DiskMiB: 80, Release: true, VerifyFault: true, ExtraConfig: e2eBurnIn, Timeout: 10 * time.Minute})
 	if !strings.HasPrefix(r.BurnIn, "passed=true ") || strings.Count(r.BurnIn, "=true/") != 4 {
 		t.Errorf("burn-in before available: %q, want passed with 4 tests", r.BurnIn)
 	}
-	checkProvisioned(t, "bios", r)
-	if !r.DiskBooted {
-		t.Error("after the build, the VM did not boot the image's boot sector from its disk")
+	if r.FaultReason != "digest_mismatch" || !r.FaultCleared || r.NetbootSeconds <= 0 {
+		t.Errorf("the faulty build: reason %q, partition table cleared %v, netbooted again after %.1f s; want digest_mismatch, cleared, netbooted",
+			r.FaultReason, r.FaultCleared, r.NetbootSeconds)
 	}
+	mustShowRelease(t, "bios", r)
+	fmt.Printf("e2e: bios verify failure (%s) left the disk unbootable; the VM netbooted the agent again %.1f s after a power cycle\n", r.FaultReason, r.NetbootSeconds)
 }
 
 // TestE2EUEFI: OVMF + iPXE EFI, the virtual Redfish BMC and a TPM 2.0
-// (swtpm), to provisioned through the attestation gate (issue 16): the
-// first claim of the model is refused (no approved state) with nothing
-// staged; its measured boot is learned and approved; the second build
-// attests, passes and is provisioned with the claim's join data on disk.
+// (swtpm), the lab OS release to provisioned through the attestation gate
+// (issue 16): the first claim of the model is refused (no approved state)
+// with no credential staged; its measured boot is learned and approved;
+// the second build attests, passes, gets its credentials (the cluster
+// token among them), and the written OS boots from the disk (systemd-boot)
+// and reports its first boot (issue 15).
 func TestE2EUEFI(t *testing.T) {
 	gate(t)
 	testreq.Commands(t, "swtpm", "swtpm_setup") // the attested UEFI e2e gives the VM a TPM 2.0
-	r := run(t, Options{Firmware: "uefi", BMC: "redfish", DiskMiB: 64, ImageMiB: 24, Attest: true, ExtraConfig: e2eAttest})
-	checkProvisioned(t, "uefi", r)
-	if !r.DiskBooted {
-		t.Error("after the build's exit-to-disk script, OVMF did not go on to the disk's boot option (an iPXE shell, or back to the network)")
-	}
+	testreq.Commands(t, "veritysetup", "mksquashfs", "mkfs.ext4", "sgdisk", "syslinux", "mcopy")
+	r := run(t, Options{Firmware: "uefi", BMC: "redfish", DiskMiB: 80, Release: true, Attest: true, ExtraConfig: e2eAttest, Timeout: 10 * time.Minute})
 	if r.AttestPassed == nil || r.AttestPassed.Result != "passed" || r.AttestPassed.State == "" || r.AttestPassed.Events == 0 {
 		t.Fatalf("the provisioned build's attestation: %+v, want passed against an approved state", r.AttestPassed)
 	}
 	if r.AttestRefused == nil || r.AttestRefused.Events == 0 {
 		t.Errorf("the reference build's refusal: %+v", r.AttestRefused)
 	}
-	if !r.JoinDataStaged {
-		t.Error("the attested build's disk holds no join data")
-	}
 	if r.AttestSeconds <= 0 {
 		t.Error("no attest step started→succeeded in the passing build's events")
 	}
+	mustShowRelease(t, "uefi", r)
 	fmt.Printf("e2e: attested uefi provisioned in %.1f s (attest step %.2f s; the model's first build refused: %s)\n",
 		r.Seconds, r.AttestSeconds, r.AttestRefused.Reason)
 }
@@ -136,26 +147,31 @@ func TestE2EDiskTooSmall(t *testing.T) {
 	fmt.Printf("e2e: bios disk_too_small failed in %.1f s\n", r.Seconds)
 }
 
-func checkProvisioned(t *testing.T, fw string, r *Result) {
+// mustShowRelease is the must-show of a release build (issue 15).
+func mustShowRelease(t *testing.T, fw string, r *Result) {
 	t.Helper()
-	if r.FinalState != client.StateProvisioned {
-		t.Fatalf("machine ended %s (%s), want provisioned", r.FinalState, r.Reason)
+	if r.FinalState != client.StateProvisioned || r.Reason != "first_boot_reported" {
+		t.Fatalf("machine ended %s (%s), want provisioned (first_boot_reported)", r.FinalState, r.Reason)
 	}
-	if !r.DiskImageOK {
-		t.Errorf("the disk is not as the build must leave it: %s", r.DiskProblem)
+	b := r.Machine.Build
+	if b == nil || b.FirstBoot == nil || !b.FirstBoot.Match || b.FirstBoot.Hostname != "lab-node-1" ||
+		b.FirstBoot.SSHHostKeyFingerprint == "" || b.FirstBoot.SSHHostKeyFingerprint != b.SSHHostKeyFingerprint {
+		t.Fatalf("first-boot record %+v, want a matching report with hostname lab-node-1 and the build's host key fingerprint", b)
 	}
-	md := r.Cidata["meta-data"]
-	if !strings.Contains(md, "lab-node-1") || !strings.Contains(md, r.MachineID) {
-		t.Errorf("cidata meta-data lacks the hostname or instance id: %q", md)
+	if !r.OSUp {
+		t.Error("the written OS did not say it was up with the claim's hostname on the console")
 	}
-	if _, ok := r.Cidata["user-data"]; !ok {
-		t.Error("cidata has no user-data")
+	if r.ReleaseProblem != "" {
+		t.Errorf("the disk is not as the build record says: %s", r.ReleaseProblem)
 	}
-	if r.Reason != "booted_local_disk" {
-		t.Errorf("provisioned with reason %q, want booted_local_disk (the reboot's netboot was told to exit to disk)", r.Reason)
+	if !strings.Contains(r.LayerChoice, "control-plane (") || !strings.Contains(r.LayerChoice, "skipped") || !strings.Contains(r.LayerChoice, "gpu (") {
+		t.Errorf("layer choice %q: want control-plane chosen (role) and gpu skipped (no NVIDIA device in the VM)", r.LayerChoice)
 	}
-	if r.PowerOnAt.IsZero() {
-		t.Error("power-on was never observed")
+	if !r.JoinDataStaged {
+		t.Error("the cluster token is not in the node layer on the disk")
 	}
-	fmt.Printf("e2e: %s provisioned in %.1f s\n", fw, r.Seconds)
+	if r.SecretLeak != "" {
+		t.Errorf("the cluster token appeared in: %s", r.SecretLeak)
+	}
+	fmt.Printf("e2e: %s provisioned (first boot reported) in %.1f s (its build to the first-boot report %.1f s); layers %s\n", fw, r.Seconds, r.BuildSeconds, r.LayerChoice)
 }

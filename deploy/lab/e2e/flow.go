@@ -30,6 +30,7 @@ import (
 	"kiln/deploy/lab/ipmilab"
 	"kiln/deploy/lab/labimage"
 	"kiln/deploy/lab/labnet"
+	"kiln/deploy/lab/labos"
 	"kiln/deploy/lab/swtpm"
 )
 
@@ -59,8 +60,18 @@ type Options struct {
 	// model's reference, has it inspected again and claims it again; that
 	// build attests, passes and gets the claim's join data. The caller's
 	// ExtraConfig must require attestation (e2eAttest).
-	Attest    bool
-	qemuExtra []string // appended to the VM's qemu arguments (the TPM)
+	Attest bool
+	// Release provisions the lab OS release (deploy/lab/labos, issue 15)
+	// with a cluster block of role control-plane instead of the plain lab
+	// image: provisioned only from the written OS's first-boot report, then
+	// every layer and the per-node layer checked from the host (release.go).
+	Release bool
+	// VerifyFault (with Release): the first build is served a layer whose
+	// bytes on the appliance no longer match its pin. It must fail in
+	// verify with a cleared partition table and netboot the agent again on
+	// a power cycle; the bytes are restored and the machine reprovisioned.
+	VerifyFault bool
+	qemuExtra   []string // appended to the VM's qemu arguments (the TPM)
 }
 
 // Result of a run.
@@ -86,7 +97,25 @@ type Result struct {
 	AttestRefused, AttestPassed *api.Attestation
 	AttestSeconds               float64
 	JoinDataStaged              bool
-	Lab                         *labnet.Lab
+	// Release runs only. Machine is the final record (its Build: layers,
+	// node layer hash, first-boot report). LayerChoice describes the chosen
+	// and skipped layers; ReleaseProblem is checkReleaseDisk's first
+	// problem ("" when none); OSUp: the written OS's console said it was up
+	// with the claim's hostname; SecretLeak names where the cluster token
+	// was found (kiln.log, a serial log, the CLI's answer), "" when nowhere.
+	Machine        api.Machine
+	LayerChoice    string
+	ReleaseProblem string
+	OSUp           bool
+	SecretLeak     string
+	BuildSeconds   float64 // the last build: build_started → provisioned (Kiln's clock)
+	// VerifyFault runs only: the failed build's reason, whether its disk's
+	// partition table was cleared, and the seconds from the power cycle to
+	// the agent registering again from the network.
+	FaultReason    string
+	FaultCleared   bool
+	NetbootSeconds float64
+	Lab            *labnet.Lab
 }
 
 const (
@@ -130,12 +159,21 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	say("lab: namespaces %s and %s, bridge br0, Kiln on %s, BMC on %s", lab.Srv, lab.LAN, labnet.ServerIP, labnet.BMCAddr)
 
-	img, err := buildImage(o)
-	if err != nil {
-		return nil, err
+	var img labimage.Image
+	var rel *labos.Release
+	if o.Release {
+		if rel, err = labRelease(o, say); err != nil {
+			return nil, fmt.Errorf("lab OS release: %w", err)
+		}
+		r.ImageSHA256 = rel.Layer("base").SHA256
+		say("release: %s, %d layers, base sha256 %s", rel.Manifest.Release, len(rel.Manifest.Layers), r.ImageSHA256[:16])
+	} else {
+		if img, err = buildImage(o); err != nil {
+			return nil, err
+		}
+		r.ImageSHA256 = img.SHA256
+		say("image: %s, %d bytes, sha256 %s", filepath.Base(img.Path), img.Size, img.SHA256[:16])
 	}
-	r.ImageSHA256 = img.SHA256
-	say("image: %s, %d bytes, sha256 %s", filepath.Base(img.Path), img.Size, img.SHA256[:16])
 	disk := filepath.Join(o.Work, "disk.img")
 	_ = os.Remove(disk)
 	if err := os.WriteFile(disk, nil, 0o644); err != nil {
@@ -194,11 +232,19 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	r.MachineID = ms[0].ID
 	say("import: machine %s (%s) registered", r.MachineID, ms[0].Name)
 
-	im, err := uploadImage(ctx, k.api, img)
-	if err != nil {
-		return nil, err
+	var im api.Image
+	var layerImgs map[string]api.Image
+	if o.Release {
+		if im, layerImgs, err = uploadRelease(ctx, k.api, rel); err != nil {
+			return nil, err
+		}
+		say("release: uploaded; image %s is the release (%d layers, kubeadm %s)", im.ID, len(im.Layers), im.KubeadmVersion)
+	} else {
+		if im, err = uploadImage(ctx, k.api, img); err != nil {
+			return nil, err
+		}
+		say("image: uploaded as %s (%s)", im.ID, im.Name)
 	}
-	say("image: uploaded as %s (%s)", im.ID, im.Name)
 
 	if _, err := k.api.EnrollBMC(ctx, r.MachineID, api.BMCEnrollRequest{Address: bmcAddr, Driver: driver,
 		Username: bmcUser, Password: bmcPass, InsecureTLS: driver == "redfish"}); err != nil {
@@ -225,8 +271,25 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	say("claim: provisioning %s with %s", r.MachineID, im.ID)
 	claim := api.Claim{Image: im.ID, Hostname: "lab-node-1", Role: "worker", Labels: map[string]string{"lab": "e2e"}}
-	if o.Attest {
+	secret := attestJoinData // what the attestation gate holds back
+	if o.Release {
+		secret = clusterToken()
+		claim.Role = "control-plane"
+		claim.Cluster = &api.ClusterBlock{Role: "control-plane", ControlPlaneHost: labnet.ServerIP,
+			KubernetesVersion: rel.Manifest.KubeadmVersion, ClusterToken: secret}
+	} else if o.Attest {
 		claim.JoinData = attestJoinData
+	}
+	var faulty string // the catalog file of the layer VerifyFault corrupts
+	if o.VerifyFault {
+		l := rel.Layer("control-plane")
+		if faulty, err = catalogFile(filepath.Join(o.Work, "images"), layerImgs["control-plane"].SHA256); err != nil {
+			return r, err
+		}
+		if err := flipByte(faulty, l.Size/2); err != nil {
+			return r, err
+		}
+		say("fault: one byte of layer control-plane flipped in the appliance's catalog (%s); its pin is unchanged", filepath.Base(faulty))
 	}
 	settled := func(m api.Machine) bool {
 		return m.State == client.StateProvisioned || m.State == client.StateFailed || m.State == client.StateQuarantined
@@ -237,8 +300,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := w.until(ctx, settled); err != nil {
 		return r, err
 	}
+	if o.VerifyFault {
+		if err := verifyFault(ctx, k, w, r, disk, faulty, rel.Layer("control-plane").Size/2, stateDir, say); err != nil {
+			return r, err
+		}
+		if err := w.until(ctx, settled); err != nil {
+			return r, err
+		}
+	}
 	if o.Attest {
-		if err := attestReference(ctx, k, w, r, disk, im.ID, claim, say); err != nil {
+		if err := attestReference(ctx, k, w, r, disk, im.ID, claim, secret, say); err != nil {
 			return r, err
 		}
 		if err := w.until(ctx, settled); err != nil {
@@ -263,6 +334,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 
 	switch {
+	case o.Release && r.FinalState == client.StateProvisioned:
+		if err := checkRelease(ctx, k, w, r, o, rel, disk, stateDir, secret, say); err != nil {
+			return r, err
+		}
 	case o.WantReason == "" && r.FinalState == client.StateProvisioned:
 		if o.Firmware == "bios" {
 			// The reboot's iPXE script exits to the local disk; SeaBIOS then runs
@@ -617,9 +692,19 @@ func vmArgs(o Options, disk string, v vmSpec) []string {
 		"-nodefaults", "-nographic", "-monitor", "none"}
 	if o.Firmware == "uefi" {
 		vars := filepath.Join(o.Work, "OVMF_VARS.fd")
+		// The VM network-boots through its NIC's option ROM (qemu's
+		// efi-virtio.rom, an iPXE). OVMF's own PXE and HTTP boot options
+		// are off (RUNTIME_CONFIG.md of edk2's OvmfPkg: IPv4Support,
+		// IPv6Support), as a site turns off the firmware's network stack
+		// when the NIC's ROM boots: OVMF's PXE would chainload ipxe.efi,
+		// whose exit returns EFI_SUCCESS, and the boot manager answers that
+		// with its menu (UEFI 2.x §3.1.1) instead of the disk; the ROM's
+		// iPXE returns an error, and OVMF goes on to the disk.
 		args = append(args, "-machine", "q35",
 			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+ovmfCode,
-			"-drive", "if=pflash,format=raw,unit=1,file="+vars)
+			"-drive", "if=pflash,format=raw,unit=1,file="+vars,
+			"-fw_cfg", "name=opt/org.tianocore/IPv4Support,string=no",
+			"-fw_cfg", "name=opt/org.tianocore/IPv6Support,string=no")
 	} else {
 		args = append(args, "-machine", "pc")
 	}
@@ -796,14 +881,16 @@ func afterLastScript(b []byte) (rest string, ok bool) {
 // uefiTriedDisk reports whether OVMF, after the last exit-to-disk script
 // on the serial console b, went on to a boot option that is not a network
 // one: its BdsDxe prints `BdsDxe: loading Boot#### "<description>" from
-// <device path>`, and a network option's device path holds MAC(...).
+// <device path>`, a network option's device path holds MAC(...), and a
+// firmware application's (UiApp, the boot manager menu OVMF shows when a
+// boot option returned EFI_SUCCESS; the shell) starts with Fv(...).
 func uefiTriedDisk(b []byte) bool {
 	rest, ok := afterLastScript(b)
 	if !ok {
 		return false
 	}
 	for _, line := range strings.Split(rest, "\n") {
-		if j := strings.Index(line, "BdsDxe: loading Boot"); j >= 0 && !strings.Contains(line[j:], "MAC(") {
+		if j := strings.Index(line, "BdsDxe: loading Boot"); j >= 0 && !strings.Contains(line[j:], "MAC(") && !strings.Contains(line[j:], " from Fv(") {
 			return true
 		}
 	}
