@@ -11,6 +11,7 @@ GOTEST    := $(GO) test -race -count=1
 TEST_TIMEOUT ?= 30m
 E2E_TIMEOUT  ?= 20m
 FW           ?= bios
+IMAGE        ?= release
 FUZZTIME     ?= 10s
 # Under KILN_REQUIRE_ALL=1 a test that would skip for want of root or a host
 # tool fails instead (deploy/lab/testreq): what `make test` and CI run is run.
@@ -69,7 +70,7 @@ ci: ## What CI runs: deps-check, install dependencies, then the README's test co
 	.ci/run
 
 demo: deps build env ## The README's first command: a VM PXE-boots from Kiln to provisioned
-	$(GO) run ./deploy/lab/demo -firmware $(FW)
+	$(GO) run ./deploy/lab/demo -firmware $(FW) -image $(IMAGE)
 
 demo-down: ## Tear down the lab the demo left running
 	-for ns in kln-srv kln-lan; do ip netns pids $$ns 2>/dev/null | xargs -r kill -9; ip netns del $$ns 2>/dev/null; done; true

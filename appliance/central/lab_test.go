@@ -87,10 +87,14 @@ func TestSixSitesWANCut(t *testing.T) {
 	nSites := envInt(t, "KILN_CENTRAL_SITES", 6)
 	perSite := envInt(t, "KILN_CENTRAL_N", 20)
 	cut := envDur(t, "KILN_CENTRAL_CUT", 15*time.Second)
-	const cutSite = 3
-	if nSites < cutSite {
-		t.Fatalf("KILN_CENTRAL_SITES=%d: want ≥ %d", nSites, cutSite)
+	// Site 3's WAN is cut in its storm (it keeps provisioning); site 4's
+	// is cut when its day 2 (fleetsim.Day2Options) makes its first machine
+	// Critical, so its remediation runs while the site is cut off.
+	const cutSite, remSite = 3, 4
+	if nSites < remSite {
+		t.Fatalf("KILN_CENTRAL_SITES=%d: want ≥ %d", nSites, remSite)
 	}
+
 	work := t.TempDir()
 	bins := map[string]string{}
 	for _, b := range []string{"kiln", "kiln-central"} {
@@ -127,6 +131,7 @@ func TestSixSitesWANCut(t *testing.T) {
 	cfg.Wait = 10 * time.Second
 	cfg.StatusEvery = 5 * time.Second
 	cfg.MaxBackoff = 5 * time.Second
+	remMark := filepath.Join(work, "site-4-day2-failed") // fleetsim's Day2Options.FailMark
 	siteWork := make([]string, nSites+1)
 	for i := 1; i <= nSites; i++ {
 		siteWork[i] = filepath.Join(work, fmt.Sprintf("site-%d", i))
@@ -220,6 +225,9 @@ func TestSixSitesWANCut(t *testing.T) {
 				}
 				return nil
 			}}
+		if i == remSite {
+			o.Day2 = &fleetsim.Day2Options{Hour: 20 * time.Second, FailMark: remMark}
+		}
 		go func() {
 			res, err := fleetsim.Run(ctx, o)
 			runs <- runOut{i: i, res: res, err: err}
@@ -259,6 +267,34 @@ func TestSixSitesWANCut(t *testing.T) {
 			}
 		}
 	}
+	// Site 4's cut, from its first failure for `cut`, beside site 3's.
+	var remStart, remEnd time.Time
+	var remErr error
+	remDone := make(chan struct{})
+	go func() {
+		defer close(remDone)
+		for {
+			if _, err := os.Stat(remMark); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		wan := "wan" + strconv.Itoa(remSite)
+		remStart = time.Now()
+		if out, err := exec.Command("ip", "-n", ctl, "link", "set", wan, "down").CombinedOutput(); err != nil {
+			remErr = fmt.Errorf("cut %s: %v: %s", wan, err, out)
+			return
+		}
+		time.Sleep(cut)
+		if out, err := exec.Command("ip", "-n", ctl, "link", "set", wan, "up").CombinedOutput(); err != nil {
+			remErr = fmt.Errorf("heal %s: %v: %s", wan, err, out)
+		}
+		remEnd = time.Now()
+	}()
 	cs := fmt.Sprintf("site-%d", cutSite)
 	// Cut once site 3's feed flows into the central and its machines are
 	// being provisioned: the central has 10 events per machine of it (a
@@ -296,6 +332,14 @@ func TestSixSitesWANCut(t *testing.T) {
 		}
 		return true
 	})
+	select {
+	case <-remDone:
+	case <-time.After(cut + time.Minute):
+		fatal("site-%d's day 2 never made a machine Critical (no remediation cut)", remSite)
+	}
+	if remErr != nil || remEnd.IsZero() {
+		fatal("site-%d's WAN cut: %v", remSite, remErr)
+	}
 	poll("the central caught up", 2*time.Minute+scale/5, func() bool {
 		l := lag()
 		for i := 1; i <= nSites; i++ {
@@ -310,7 +354,7 @@ func TestSixSitesWANCut(t *testing.T) {
 
 	// Compare.
 	total, equal, gaps, dups, mismatches := 0, 0, 0, 0, 0
-	var inCut, provInCut int
+	var inCut, provInCut, remInCut, remTransInCut int
 	for i := 1; i <= nSites; i++ {
 		name := fmt.Sprintf("site-%d", i)
 		site := readDump(t, filepath.Join(siteWork[i], "events.jsonl"))
@@ -349,6 +393,12 @@ func TestSixSitesWANCut(t *testing.T) {
 				ok = false
 				t.Errorf("%s event %d.%d: site %s, central %s", name, e.Index, e.Seq, a, b)
 			}
+			if i == remSite && !e.Time.Before(remStart) && e.Time.Before(remEnd) {
+				remInCut++
+				if e.Kind == "transition" && e.Actor == "remediation" {
+					remTransInCut++
+				}
+			}
 			if i == cutSite && !e.Time.Before(cutStart) && e.Time.Before(cutEnd) {
 				inCut++
 				if e.Kind == "transition" && e.To == "provisioned" {
@@ -383,12 +433,21 @@ func TestSixSitesWANCut(t *testing.T) {
 			fatal("site-%d: %v", i, r.err)
 		}
 		provisioned += r.res.Provisioned
-		if r.res.Provisioned != perSite || r.res.SimErrors != 0 {
-			t.Errorf("site-%d: %d of %d provisioned, %d failed, %d simulator errors", i, r.res.Provisioned, perSite, r.res.Failed, r.res.SimErrors)
+		want := perSite // a day-2 site's storm builds only the machines it claims
+		if d := r.res.Day2; d != nil {
+			want = d.Claimed
+		}
+		if r.res.Provisioned != want || r.res.SimErrors != 0 {
+			t.Errorf("site-%d: %d of %d provisioned, %d failed, %d simulator errors", i, r.res.Provisioned, want, r.res.Failed, r.res.SimErrors)
 		}
 	}
-	line := fmt.Sprintf("central: %d sites, %d machines provisioned; wan cut %s %.0f s (%d events, %d provisioned at the site meanwhile; central restarted mid-cut); events central=site for %d/%d sites (%d events); gaps %d; duplicates %d; mismatches %d",
-		nSites, provisioned, cs, cutEnd.Sub(cutStart).Seconds(), inCut, provInCut, equal, nSites, total, gaps, dups, mismatches)
+	d2 := finished[remSite].res.Day2
+	if d2 == nil || d2.AFailed == 0 || d2.ARMA != d2.AFailed || d2.ASparesProvisioned != d2.AFailed || d2.ABrakeEngaged || !d2.BBrakeEngaged {
+		t.Errorf("site-%d's day 2: %+v; want every mode-A failure rma with its spare provisioned, the brake released in mode A and engaged in mode B", remSite, d2)
+	}
+	line := fmt.Sprintf("central: %d sites, %d machines provisioned; wan cut %s %.0f s (%d events, %d provisioned at the site meanwhile; central restarted mid-cut); wan cut site-%d %.0f s from its first failure (%d events, %d remediation transitions meanwhile; ladder %s); events central=site for %d/%d sites (%d events); gaps %d; duplicates %d; mismatches %d",
+		nSites, provisioned, cs, cutEnd.Sub(cutStart).Seconds(), inCut, provInCut, remSite, remEnd.Sub(remStart).Seconds(), remInCut, remTransInCut, d2Ladder(d2),
+		equal, nSites, total, gaps, dups, mismatches)
 	fmt.Println(line)
 	t.Log(line)
 	if equal != nSites || gaps != 0 || dups != 0 || mismatches != 0 {
@@ -397,9 +456,19 @@ func TestSixSitesWANCut(t *testing.T) {
 	if inCut == 0 {
 		t.Errorf("site-3 wrote no event during the cut: the cut did not overlap its provisioning")
 	}
+	if remTransInCut == 0 {
+		t.Errorf("site-%d made no remediation transition during its cut", remSite)
+	}
 	if during.Reachable {
 		t.Errorf("the central reported %s reachable during the cut", cs)
 	}
+}
+
+func d2Ladder(d *fleetsim.Day2Result) string {
+	if d == nil || d.ALadder == "" {
+		return "-"
+	}
+	return d.ALadder
 }
 
 func readDump(t *testing.T, path string) []api.Event {

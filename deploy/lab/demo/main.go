@@ -1,7 +1,10 @@
 // Command demo is the README's first command (`sudo make demo`): it runs the
-// end-to-end flow once — a BIOS VM with an IPMI BMC PXE-boots from Kiln to
-// provisioned — printing each event as it happens, and leaves the lab up so
-// you can look around with the CLI.
+// end-to-end flow once — a BIOS VM with an IPMI BMC PXE-boots from Kiln, is
+// inspected and built with the lab OS release (deploy/lab/labos: layers
+// chosen by role and hardware, a per-node layer), boots the written OS and
+// is provisioned from its first-boot report — printing each event as it
+// happens, and leaves the lab up so you can look around with the CLI.
+// -image plain provisions the plain lab image (cidata) instead.
 package main
 
 import (
@@ -23,7 +26,11 @@ func main() {
 	work := flag.String("work", "/tmp/kiln-demo", "scratch directory")
 	prefix := flag.String("prefix", "kln", "network namespace prefix (PREFIX-srv, PREFIX-lan)")
 	keep := flag.Bool("keep", true, "leave the lab running afterwards (tear down with: make demo-down)")
+	image := flag.String("image", "release", "release (the lab OS, provisioned from its first-boot report) or plain (a plain image with cidata)")
 	flag.Parse()
+	if *image != "release" && *image != "plain" {
+		fail(fmt.Errorf("-image %q: release or plain", *image))
+	}
 	if *bmcKind == "" {
 		*bmcKind = map[string]string{"bios": "ipmi", "uefi": "redfish"}[*fw]
 	}
@@ -37,8 +44,9 @@ func main() {
 	start := time.Now()
 	r, err := e2e.Run(ctx, e2e.Options{
 		Root: root, Work: *work, Prefix: *prefix, Firmware: *fw, BMC: *bmcKind,
-		DiskMiB: 64, ImageMiB: 24, Timeout: 8 * time.Minute, KeepUp: *keep, Out: os.Stdout,
+		DiskMiB: 80, ImageMiB: 24, Release: *image == "release", Timeout: 8 * time.Minute, KeepUp: *keep, Out: os.Stdout,
 	})
+	e2e.CleanupRelease()
 	if err != nil {
 		if r != nil && r.Lab != nil && *keep {
 			fmt.Printf("\nlab left up for debugging; logs in %s (kiln.log, bmc/serial-*.log)\n", *work)
@@ -47,8 +55,19 @@ func main() {
 	}
 	fmt.Printf("\nsummary: machine %s is %s; power-on to %s in %.1f s (whole demo %.0f s)\n",
 		r.MachineID, r.FinalState, r.FinalState, r.Seconds, time.Since(start).Seconds())
-	fmt.Printf("  disk checked on the host byte by byte (image sha256 %s, partition table, cidata, zeros): %v %s; cidata files: %d\n",
-		r.ImageSHA256, r.DiskImageOK, r.DiskProblem, len(r.Cidata))
+	if *image == "release" {
+		ok := r.Reason == "first_boot_reported" && r.ReleaseProblem == "" && r.SecretLeak == "" && r.OSUp
+		fmt.Printf("  layers %s; the written OS booted and reported its first boot (%s)\n", r.LayerChoice, r.Reason)
+		fmt.Printf("  disk checked on the host (every layer's digest and verity, the table, the kiln-node hash Kiln recorded): %v %s\n",
+			r.ReleaseProblem == "", r.ReleaseProblem)
+		if !ok {
+			fail(fmt.Errorf("the release build is not as it must be: reason %s, disk %q, OS up %v, cluster token found in %q",
+				r.Reason, r.ReleaseProblem, r.OSUp, r.SecretLeak))
+		}
+	} else {
+		fmt.Printf("  disk checked on the host byte by byte (image sha256 %s, partition table, cidata, zeros): %v %s; cidata files: %d\n",
+			r.ImageSHA256, r.DiskImageOK, r.DiskProblem, len(r.Cidata))
+	}
 	if *keep {
 		kiln := filepath.Join(root, "bin/kiln")
 		env := fmt.Sprintf("KILN_TOKEN_FILE=%s/kiln-data/admin.token", *work)

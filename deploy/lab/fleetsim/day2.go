@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +52,11 @@ type Day2Options struct {
 	// Timeout bounds mode A from its first failure to its last replacement
 	// (default Hour + 5 min).
 	Timeout time.Duration `json:"timeout"`
+	// FailMark, when set, is a file created right after mode A's first
+	// machine was made Critical (the simulator runs in a child process:
+	// a test polls for it to cut a WAN there, so that the remediation runs
+	// while the site is cut off).
+	FailMark string `json:"fail_mark,omitempty"`
 }
 
 func (d *Day2Options) defaults(n int) error {
@@ -348,6 +354,11 @@ func (f *fleet) day2(ctx context.Context, vb *vbmc.Server, acts *actionLog, tl *
 			f.mu.Unlock()
 			if err := critical(m, "CPU 1 machine check: uncorrectable"); err != nil {
 				f.say("fleet: day 2: health of %s: %v", m.name, err)
+			}
+			if i == 0 && d.FailMark != "" {
+				if err := os.WriteFile(d.FailMark, []byte(time.Now().UTC().Format(time.RFC3339Nano)+"\n"), 0o644); err != nil {
+					f.say("fleet: day 2: fail mark: %v", err)
+				}
 			}
 		}
 	}()
