@@ -241,15 +241,26 @@ func TestSixSitesWANCut(t *testing.T) {
 		}
 		return string(b)
 	}
+	finished := map[int]runOut{}
 	fatal := func(format string, a ...any) {
 		t.Helper()
 		t.Logf("central log:\n%s", tail(centralLog.Name()))
 		for i := 1; i <= nSites; i++ {
 			t.Logf("site-%d log:\n%s", i, tail(siteWork[i]+".log"))
 		}
+		// End the sites' runs and wait for them: each tears its lab's
+		// namespaces down when it returns, which a Fatalf now would skip.
+		cancel()
+		for wait := time.After(2 * time.Minute); len(finished) < nSites; {
+			select {
+			case r := <-runs:
+				finished[r.i] = r
+			case <-wait:
+				t.Fatalf("%s (and %d site runs did not end within 2 min of the cancel)", fmt.Sprintf(format, a...), nSites-len(finished))
+			}
+		}
 		t.Fatalf(format, a...)
 	}
-	finished := map[int]runOut{}
 	poll := func(what string, limit time.Duration, ok func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(limit)

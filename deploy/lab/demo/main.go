@@ -40,7 +40,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Printf("kiln demo: a %s VM with a %s BMC, from powered off to provisioned\n", *fw, *bmcKind)
+	fmt.Printf("kiln demo: a %s VM and its %s BMC, from powered off to provisioned (%s image)\n", *fw, *bmcKind, *image)
 	start := time.Now()
 	r, err := e2e.Run(ctx, e2e.Options{
 		Root: root, Work: *work, Prefix: *prefix, Firmware: *fw, BMC: *bmcKind,
@@ -58,8 +58,8 @@ func main() {
 	if *image == "release" {
 		ok := r.Reason == "first_boot_reported" && r.ReleaseProblem == "" && r.SecretLeak == "" && r.OSUp
 		fmt.Printf("  layers %s; the written OS booted and reported its first boot (%s)\n", r.LayerChoice, r.Reason)
-		fmt.Printf("  disk checked on the host (every layer's digest and verity, the table, the kiln-node hash Kiln recorded): %v %s\n",
-			r.ReleaseProblem == "", r.ReleaseProblem)
+		fmt.Printf("  disk checked on the host (every layer's digest and verity, the table, the kiln-node hash Kiln recorded): %v%s\n",
+			r.ReleaseProblem == "", prefixed(" ", r.ReleaseProblem))
 		if !ok {
 			fail(fmt.Errorf("the release build is not as it must be: reason %s, disk %q, OS up %v, cluster token found in %q",
 				r.Reason, r.ReleaseProblem, r.OSUp, r.SecretLeak))
@@ -85,6 +85,14 @@ func main() {
 		fmt.Printf("  %sip netns exec %s-srv env %s %s status\n", sudo, *prefix, env, kiln)
 		fmt.Printf("tear down: %smake demo-down\n", sudo)
 	}
+}
+
+// prefixed is p+s, or "" for an empty s.
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
 }
 
 func fail(err error) {

@@ -557,8 +557,12 @@ func checkRelease(ctx context.Context, k *kiln, w *watcher, r *Result, o Options
 		return err
 	}
 	r.JoinDataStaged = bytes.Contains(b, []byte(secret))
-	say("disk: every layer's digest, the table, verity and the node layer's hash (%s) as recorded: %v %s; cluster token staged: %v",
-		short16(m.Build.NodeLayerSHA256), r.ReleaseProblem == "", r.ReleaseProblem, r.JoinDataStaged)
+	problem := ""
+	if r.ReleaseProblem != "" {
+		problem = " (" + r.ReleaseProblem + ")"
+	}
+	say("disk: every layer's digest, the table, verity and the node layer's hash (%s) as recorded: %v%s; cluster token staged: %v",
+		short16(m.Build.NodeLayerSHA256), r.ReleaseProblem == "", problem, r.JoinDataStaged)
 	out, err := k.cli(ctx, "machines", "get", r.MachineID, "-o", "json")
 	if err != nil {
 		return err
