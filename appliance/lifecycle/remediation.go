@@ -396,7 +396,13 @@ func (c *Controller) act(ctx context.Context, m store.Machine) (store.Machine, e
 		if err != nil || out.State != store.StateInspecting {
 			return out, err
 		}
-		c.powerIntoAgent(ctx, out, store.StateInspecting)
+		// A machine whose agent is alive (a failed build's agent waits and
+		// polls) gets the inspect task at its next poll, as Inspect does;
+		// booting it as well would power-cycle the build that follows that
+		// inspection (CI saw agent_restarted in check).
+		if !c.agentAlive(out.ID) {
+			c.powerIntoAgent(ctx, out, store.StateInspecting)
+		}
 		return out, nil
 	}
 	return m, nil

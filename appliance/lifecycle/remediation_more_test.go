@@ -425,3 +425,35 @@ func TestAgentSilentAndBootMissing(t *testing.T) {
 		t.Fatalf("boot_missing: %+v", m.Health)
 	}
 }
+
+// A reprovision of a failed machine whose agent is alive (the failed
+// build's agent waits and polls) hands that agent the inspect task and
+// queues no BMC sequence: a power cycle queued as well would land in the
+// build that follows the inspection (agent_restarted).
+func TestReprovisionLiveAgentIsNotPowerCycled(t *testing.T) {
+	f := newRemFleet(t, 1, 4, 0, nil)
+	a := f.ids[0]
+	m := f.get(a)
+	m.State, m.Reason = store.StateFailed, "digest_mismatch"
+	if _, err := f.st.PutMachine(bg, m, store.W{Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	f.idle()
+	before, err := f.st.ListJobs(a)
+	must(t, err)
+	f.c.seen(a) // the agent polled just now
+	_, err = f.c.Reprovision(bg, a, store.W{Actor: "api:alice", Message: "layer restored"})
+	must(t, err)
+	f.mustState(a, store.StateInspecting)
+	f.idle()
+	after, err := f.st.ListJobs(a)
+	must(t, err)
+	if len(after) != len(before) {
+		t.Fatalf("%d BMC jobs queued for a machine whose agent is alive", len(after)-len(before))
+	}
+	task, err := f.c.AgentTask(bg, a)
+	must(t, err)
+	if task.Action != agentapi.ActionInspect {
+		t.Fatalf("the live agent's task %s, want inspect", task.Action)
+	}
+}
