@@ -1,0 +1,244 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"kiln/api"
+	kclient "kiln/api/client"
+
+	infrav1 "kiln/cmd/kiln-capi/api/v1alpha1"
+)
+
+func describe(tc *testCluster, name string) func() string {
+	return func() string {
+		km := tc.get(name)
+		if km == nil {
+			return "KilnMachine gone"
+		}
+		return fmt.Sprintf("annotations %v spec %+v status %+v", km.Annotations, km.Spec, km.Status)
+	}
+}
+
+// claimsOf lists the Kiln machines whose claim names KilnMachine ns/name.
+func claimsOf(t *testing.T, k *testKiln, ns, name string) []api.Machine {
+	t.Helper()
+	ms, err := k.cl.ListAllMachines(context.Background(), kclient.MachineQuery{Consistent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []api.Machine
+	for _, m := range ms {
+		if ownedBy(m, ownerKey(ns, name)) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func runMachines(t *testing.T, k *testKiln, n int, labels map[string]string) map[string]*simMachine {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	out := map[string]*simMachine{}
+	for i := 0; i < n; i++ {
+		m := k.addMachine(t, ctx, i, labels)
+		out[m.id] = m
+	}
+	eventually(t, 60*time.Second, "machines inspected and available", func() bool {
+		l, err := k.cl.ListAllMachines(context.Background(), kclient.MachineQuery{State: "available"})
+		return err == nil && len(l) == n
+	}, func() string {
+		l, _ := k.cl.ListAllMachines(context.Background(), kclient.MachineQuery{})
+		s := ""
+		for _, m := range l {
+			s += fmt.Sprintf(" %s=%s(%s %s)", m.ID, m.State, m.Reason, m.Message)
+		}
+		return s
+	})
+	return out
+}
+
+// A KilnMachine claims one available Kiln machine, Kiln builds it with the
+// Machine's bootstrap data staged, and the KilnMachine is provisioned with
+// providerID and addresses; deleting it releases the machine, which Kiln
+// erases and makes available again.
+func TestKilnMachineClaimProvisionRelease(t *testing.T) {
+	needAPIServer(t)
+	k := startKiln(t)
+	sims := runMachines(t, k, 3, map[string]string{"class": "general"})
+	tc := newTestCluster(t, k)
+	startManager(t, nil)
+
+	eventually(t, 30*time.Second, "KilnCluster provisioned", func() bool {
+		kc := &infrav1.KilnCluster{}
+		return tc.c.Get(context.Background(), client.ObjectKeyFromObject(tc.kc), kc) == nil && isTrue(kc.Status.Initialization.Provisioned) && kc.Status.Ready
+	}, func() string { return "" })
+
+	const userData = "#cloud-config\nruncmd: [kubeadm join --token abcdef.0123456789abcdef]\n"
+	tc.addMachine("worker-0", userData, infrav1.KilnMachineSpec{Image: k.image.ID, Selector: map[string]string{"class": "general"}})
+	eventually(t, 90*time.Second, "KilnMachine provisioned", func() bool {
+		km := tc.get("worker-0")
+		return km != nil && isTrue(km.Status.Initialization.Provisioned) && km.Status.Ready
+	}, describe(tc, "worker-0"))
+
+	km := tc.get("worker-0")
+	id := km.Annotations[infrav1.MachineIDAnnotation]
+	if id == "" || km.Spec.ProviderID != "kiln://"+id || km.Status.MachineID != id {
+		t.Fatalf("annotation %q providerID %q status.machineID %q", id, km.Spec.ProviderID, km.Status.MachineID)
+	}
+	if got, err := MachineIDFromProviderID(km.Spec.ProviderID); err != nil || got != id {
+		t.Fatalf("MachineIDFromProviderID(%q) = %q, %v", km.Spec.ProviderID, got, err)
+	}
+	if c := meta.FindStatusCondition(km.Status.Conditions, infrav1.ReadyCondition); c == nil || c.Status != "True" {
+		t.Fatalf("Ready condition %+v", c)
+	}
+	if c := meta.FindStatusCondition(km.Status.Conditions, infrav1.KilnHealthyCondition); c == nil || c.Status != "True" {
+		t.Fatalf("KilnHealthy condition %+v", c)
+	}
+	hasHost := false
+	for _, a := range km.Status.Addresses {
+		hasHost = hasHost || (a.Type == "Hostname" && a.Address == "worker-0")
+	}
+	if !hasHost {
+		t.Fatalf("addresses %+v: no Hostname worker-0", km.Status.Addresses)
+	}
+	m, err := k.cl.GetMachine(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.State != "provisioned" || m.Claim == nil || m.Claim.UserData != userData || m.Claim.Hostname != "worker-0" ||
+		m.Claim.Labels[infrav1.ClusterClaimLabel] != tc.name {
+		t.Fatalf("kiln machine %s: state %s claim %+v", id, m.State, m.Claim)
+	}
+	if got := sims[id].staged(); got != userData {
+		t.Fatalf("the build staged user-data %q, want the Machine's bootstrap data %q", got, userData)
+	}
+	if n := len(claimsOf(t, k, tc.ns, "worker-0")); n != 1 {
+		t.Fatalf("%d Kiln machines hold worker-0's claim, want 1", n)
+	}
+	t.Logf("worker-0 is Kiln machine %s, %s; addresses %+v", id, km.Spec.ProviderID, km.Status.Addresses)
+
+	// Delete: released to Kiln, erased, available; the finalizer goes.
+	must(t, tc.c.Delete(context.Background(), km))
+	eventually(t, 60*time.Second, "KilnMachine deleted", func() bool { return tc.get("worker-0") == nil }, describe(tc, "worker-0"))
+	eventually(t, 60*time.Second, "released machine erased and available", func() bool {
+		m, err := k.cl.GetMachine(context.Background(), id)
+		return err == nil && m.State == "available" && m.Claim == nil
+	}, func() string {
+		m, _ := k.cl.GetMachine(context.Background(), id)
+		return fmt.Sprintf("%s %s %s", m.State, m.Reason, m.Message)
+	})
+	sims[id].mu.Lock()
+	erased := sims[id].erased
+	sims[id].mu.Unlock()
+	if erased == 0 {
+		t.Fatalf("machine %s available again without an erase", id)
+	}
+}
+
+// crashAfterClaim is the provider's API client in a process that dies
+// right after Kiln answered the claim: the patch recording the Kiln
+// machine ID fails, and the manager is stopped before anything else.
+type crashAfterClaim struct {
+	client.Client
+	crashed atomic.Bool
+	stop    func()
+}
+
+func (c *crashAfterClaim) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	if km, ok := obj.(*infrav1.KilnMachine); ok && km.Annotations[infrav1.MachineIDAnnotation] != "" {
+		if c.crashed.CompareAndSwap(false, true) {
+			go c.stop()
+		}
+		return errors.New("test: the controller died before recording its claim")
+	}
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+// A controller restarted between Kiln's claim answer and the annotation
+// write finds its claim by the owner label and claims nothing twice.
+func TestRestartMidClaimClaimsOnce(t *testing.T) {
+	needAPIServer(t)
+	k := startKiln(t)
+	runMachines(t, k, 3, nil)
+	tc := newTestCluster(t, k)
+
+	var crash *crashAfterClaim
+	var first *manager
+	first = startManager(t, func(c client.Client) client.Client {
+		crash = &crashAfterClaim{Client: c, stop: func() { first.stop() }}
+		return crash
+	})
+	tc.addMachine("cp-0", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: k.image.ID})
+	eventually(t, 60*time.Second, "first controller claims and dies", func() bool { return crash.crashed.Load() }, describe(tc, "cp-0"))
+	first.stop()
+	if km := tc.get("cp-0"); km.Annotations[infrav1.MachineIDAnnotation] != "" {
+		t.Fatalf("the crashed controller recorded %q", km.Annotations[infrav1.MachineIDAnnotation])
+	}
+	claims := claimsOf(t, k, tc.ns, "cp-0")
+	if len(claims) != 1 {
+		t.Fatalf("after the crash %d Kiln machines hold cp-0's claim, want 1", len(claims))
+	}
+
+	startManager(t, nil) // the restart
+	eventually(t, 90*time.Second, "cp-0 provisioned after the restart", func() bool {
+		km := tc.get("cp-0")
+		return km != nil && isTrue(km.Status.Initialization.Provisioned)
+	}, describe(tc, "cp-0"))
+	after := claimsOf(t, k, tc.ns, "cp-0")
+	km := tc.get("cp-0")
+	if len(after) != 1 || after[0].ID != claims[0].ID || km.Annotations[infrav1.MachineIDAnnotation] != claims[0].ID {
+		t.Fatalf("claims after the restart %d (first %s), annotation %q", len(after), claims[0].ID, km.Annotations[infrav1.MachineIDAnnotation])
+	}
+	avail, err := k.cl.ListAllMachines(context.Background(), kclient.MachineQuery{State: "available"})
+	if err != nil || len(avail) != 2 {
+		t.Fatalf("available after: %d (%v), want the 2 unclaimed", len(avail), err)
+	}
+	t.Logf("claimed %s once across the restart", claims[0].ID)
+}
+
+// A paused cluster claims nothing; unpaused, the claim goes ahead. A
+// selector no machine matches says so in a condition.
+func TestPausedAndNoMatch(t *testing.T) {
+	needAPIServer(t)
+	k := startKiln(t)
+	runMachines(t, k, 1, map[string]string{"class": "general"})
+	tc := newTestCluster(t, k)
+	startManager(t, nil)
+
+	cluster := newCAPI("Cluster")
+	must(t, tc.c.Get(context.Background(), client.ObjectKey{Namespace: tc.ns, Name: tc.name}, cluster))
+	cluster.SetAnnotations(map[string]string{PausedAnnotation: ""})
+	must(t, tc.c.Update(context.Background(), cluster))
+
+	tc.addMachine("gpu-0", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: k.image.ID, Selector: map[string]string{"class": "gpu"}})
+	tc.addMachine("w-0", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: k.image.ID, Selector: map[string]string{"class": "general"}})
+	time.Sleep(3 * time.Second)
+	for _, n := range []string{"gpu-0", "w-0"} {
+		if km := tc.get(n); len(km.Status.Conditions) != 0 || len(km.Finalizers) != 0 || len(claimsOf(t, k, tc.ns, n)) != 0 {
+			t.Fatalf("paused: %s was reconciled: finalizers %v conditions %+v", n, km.Finalizers, km.Status.Conditions)
+		}
+	}
+	must(t, tc.c.Get(context.Background(), client.ObjectKey{Namespace: tc.ns, Name: tc.name}, cluster))
+	cluster.SetAnnotations(nil)
+	must(t, tc.c.Update(context.Background(), cluster))
+
+	eventually(t, 30*time.Second, "gpu-0 says no machine matches", func() bool {
+		c := meta.FindStatusCondition(tc.get("gpu-0").Status.Conditions, infrav1.MachineClaimedCondition)
+		return c != nil && c.Status == "False" && c.Reason == infrav1.ReasonNoMachineAvailable
+	}, describe(tc, "gpu-0"))
+	eventually(t, 90*time.Second, "w-0 provisioned once unpaused", func() bool {
+		return isTrue(tc.get("w-0").Status.Initialization.Provisioned)
+	}, describe(tc, "w-0"))
+	if n := len(claimsOf(t, k, tc.ns, "gpu-0")); n != 0 {
+		t.Fatalf("gpu-0 holds %d claims", n)
+	}
+}
