@@ -145,7 +145,7 @@ var (
 
 // bootedLocal answers the netboot of a machine whose build completed: exit
 // to the local disk, and the machine is provisioned (reason
-// booted_local_disk). A failed write is logged, not returned: the machine
+// booted_local_disk); this node forgets the build's agent (agentReset). A failed write is logged, not returned: the machine
 // must boot its disk either way, and the loop's RebootTimeout check
 // (reboot_unobserved) still moves it to provisioned.
 //
@@ -154,6 +154,11 @@ var (
 // report (firstboot.go), or failed by FirstBootTimeout.
 func (c *Controller) bootedLocal(ctx context.Context, m store.Machine) Boot {
 	id := m.ID
+	// The machine netbooted after its build: the agent that ran the build
+	// rebooted it and is gone, so its last reports must not hold the next
+	// netboot (a release or an RMA right after the build) for
+	// AgentLiveWindow, nor make RMA think an agent will take the erase.
+	c.agentReset(id)
 	if awaitsFirstBoot(m) {
 		return Boot{Action: BootLocal, MachineID: id}
 	}

@@ -369,3 +369,52 @@ func TestDiscoveryConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// A built machine that netboots and is told to boot its disk has no agent
+// any more (the agent rebooted it): a release right after is not held for
+// AgentLiveWindow by the build's last reports. Found by the Cluster API
+// provider's tests (cmd/kiln-capi), where a KilnMachine deleted a second
+// after provisioning waited a full minute for its erase.
+func TestBootedLocalEndsAgent(t *testing.T) {
+	f := newStore(t)
+	h := newHarness(t, f, nil)
+	a := importPlan(t, h)[1] // node-b: no BMC
+	const mac = "52:54:00:00:00:0b"
+	_, err := h.c.BootFor(bg, mac)
+	must(t, err)
+	_, err = h.c.AgentRegister(bg, a.ID, agentapi.Registration{Inventory: inventory(a)})
+	must(t, err)
+	h.mustState(a.ID, store.StateAvailable)
+	img := h.image("local.raw")
+	_, err = h.c.Provision(bg, a.ID, store.Claim{Image: img.ID}, store.W{Actor: "capi"})
+	must(t, err)
+	task, err := h.c.AgentTask(bg, a.ID)
+	must(t, err)
+	if task.Action != agentapi.ActionProvision {
+		t.Fatalf("task %+v", task)
+	}
+	steps := []string{agentapi.StepCheck, agentapi.StepWrite, agentapi.StepVerify}
+	if task.Stage != nil {
+		steps = append(steps, agentapi.StepStage)
+	}
+	for _, s := range append(steps, agentapi.StepFinalize) {
+		must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: s, State: agentapi.StateStarted}))
+		must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: s, State: agentapi.StateSucceeded, Progress: 1,
+			Written: map[string]string{"disk": "/dev/sda", "sha256": img.SHA256}}))
+	}
+	must(t, h.c.AgentReport(bg, a.ID, agentapi.Report{Step: agentapi.StepReboot, State: agentapi.StateStarted}))
+	boot, err := h.c.BootFor(bg, mac) // the reboot: told to boot its disk
+	must(t, err)
+	if boot.Action != BootLocal {
+		t.Fatalf("boot after the build %+v", boot)
+	}
+	h.mustState(a.ID, store.StateProvisioned)
+	h.clk.Advance(time.Second)
+	_, err = h.c.Release(bg, a.ID, store.W{Actor: "capi"})
+	must(t, err)
+	h.mustState(a.ID, store.StateErasing)
+	boot, err = h.c.BootFor(bg, mac)
+	if err != nil || boot.Action != BootAgent {
+		t.Fatalf("netboot a second after the release: %+v, %v (want the agent at once)", boot, err)
+	}
+}

@@ -244,18 +244,7 @@ func (r *KilnMachineReconciler) reconcileNormal(ctx context.Context, kiln *kclie
 	}
 	setCond(km, infrav1.KilnReachableCondition, true, "Reachable", "")
 	if !ownedBy(m, key) {
-		// A spare took the claim (Kiln's remediation moved it: Claim.Replaces).
-		if spare, err := findClaimed(ctx, kiln, key); err == nil && spare != nil && spare.ID != id {
-			if err := r.recordID(ctx, km, spare.ID); err != nil {
-				return ctrl.Result{}, err
-			}
-			return ctrl.Result{Requeue: true}, nil
-		}
-		setCond(km, infrav1.MachineClaimedCondition, false, "ClaimLost",
-			fmt.Sprintf("Kiln machine %s no longer holds this KilnMachine's claim (state %s)", id, m.State))
-		setCond(km, infrav1.ReadyCondition, false, "ClaimLost", "the Kiln machine was released outside Cluster API")
-		km.Status.State = string(m.State)
-		return ctrl.Result{RequeueAfter: 10 * r.poll()}, nil
+		return r.claimMoved(ctx, kiln, km, m, key)
 	}
 	setCond(km, infrav1.MachineClaimedCondition, true, infrav1.ReasonClaimed, "Kiln machine "+id)
 	r.follow(km, m)
@@ -263,6 +252,40 @@ func (r *KilnMachineReconciler) reconcileNormal(ctx context.Context, kiln *kclie
 		return ctrl.Result{RequeueAfter: 10 * r.poll()}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.poll()}, nil
+}
+
+// claimMoved handles a Kiln machine that no longer holds km's claim. When
+// Kiln's remediation handed the claim to a spare (the spare's claim says
+// Replaces), a KilnMachine not yet provisioned adopts the spare; a
+// provisioned one keeps its providerID (Cluster API never changes it) and
+// turns Ready False with reason Replaced, so a MachineHealthCheck on the
+// Machine's InfrastructureReady replaces the Machine, and deleting the
+// KilnMachine then releases the spare. A claim released outside Cluster
+// API is ClaimLost.
+func (r *KilnMachineReconciler) claimMoved(ctx context.Context, kiln *kclient.Client, km *infrav1.KilnMachine, m api.Machine, key string) (ctrl.Result, error) {
+	km.Status.State = string(m.State)
+	spare, err := findClaimed(ctx, kiln, key)
+	if err != nil {
+		setCond(km, infrav1.KilnReachableCondition, false, infrav1.ReasonKilnError, err.Error())
+		return ctrl.Result{RequeueAfter: r.poll()}, nil
+	}
+	switch {
+	case spare != nil && km.Spec.ProviderID == "":
+		if err := r.recordID(ctx, km, spare.ID); err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{Requeue: true}, nil
+	case spare != nil:
+		msg := fmt.Sprintf("Kiln replaced machine %s (%s) with spare %s (%s); this Machine must be replaced", m.ID, m.State, spare.ID, spare.State)
+		setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonReplaced, msg)
+		setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonReplaced, msg)
+		r.health(km, m)
+	default:
+		msg := fmt.Sprintf("Kiln machine %s no longer holds this KilnMachine's claim (state %s): released outside Cluster API", m.ID, m.State)
+		setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonClaimLost, msg)
+		setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonClaimLost, msg)
+	}
+	return ctrl.Result{RequeueAfter: 3 * r.poll()}, nil
 }
 
 // follow copies the Kiln machine's state into km's status and conditions.
@@ -299,6 +322,13 @@ func (r *KilnMachineReconciler) follow(km *infrav1.KilnMachine, m api.Machine) {
 			setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonProvisioning, km.Status.State+" "+km.Status.Step)
 		}
 	}
+	r.health(km, m)
+}
+
+// health sets KilnHealthy from Kiln's day-2 view of m: RMA, a repair in
+// progress, or a Critical health condition.
+func (r *KilnMachineReconciler) health(km *infrav1.KilnMachine, m api.Machine) {
+	msg := m.Message
 	switch {
 	case m.State == "rma":
 		setCond(km, infrav1.KilnHealthyCondition, false, infrav1.ReasonRMA, "Kiln declared the machine failed (RMA): "+msg)
@@ -358,6 +388,17 @@ func (r *KilnMachineReconciler) reconcileDelete(ctx context.Context, kiln *kclie
 	}
 	if id != "" {
 		m, err := kiln.GetMachine(ctx, id)
+		if err == nil && !ownedBy(m, key) {
+			// The claim moved to a spare: release that one.
+			found, ferr := findClaimed(ctx, kiln, key)
+			if ferr != nil {
+				setCond(km, infrav1.KilnReachableCondition, false, infrav1.ReasonKilnError, ferr.Error())
+				return ctrl.Result{RequeueAfter: r.poll()}, nil
+			}
+			if found != nil {
+				m, id = *found, found.ID
+			}
+		}
 		switch {
 		case kilnStatus(err) == http.StatusNotFound:
 		case err != nil:

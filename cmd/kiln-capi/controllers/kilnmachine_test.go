@@ -242,3 +242,52 @@ func TestPausedAndNoMatch(t *testing.T) {
 		t.Fatalf("gpu-0 holds %d claims", n)
 	}
 }
+
+// Kiln's day 2 shows on the KilnMachine: an RMA of its provisioned machine
+// hands the claim to a spare; the KilnMachine keeps its providerID, says
+// KilnHealthy=False (RMA) and Ready=False (Replaced) so the Machine is
+// replaced, and its deletion releases the spare.
+func TestRMAShowsAndDeleteReleasesSpare(t *testing.T) {
+	needAPIServer(t)
+	k := startKiln(t)
+	runMachines(t, k, 2, nil)
+	tc := newTestCluster(t, k)
+	startManager(t, nil)
+	tc.addMachine("cp-0", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: k.image.ID})
+	eventually(t, 90*time.Second, "cp-0 provisioned", func() bool { return isTrue(tc.get("cp-0").Status.Initialization.Provisioned) }, describe(tc, "cp-0"))
+	km := tc.get("cp-0")
+	failed := km.Annotations[infrav1.MachineIDAnnotation]
+	providerID := km.Spec.ProviderID
+
+	if _, err := k.cl.RMA(context.Background(), failed, api.RMARequest{Message: "test: dead DIMM"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "cp-0 shows the RMA and its replacement", func() bool {
+		km := tc.get("cp-0")
+		ready := meta.FindStatusCondition(km.Status.Conditions, infrav1.ReadyCondition)
+		healthy := meta.FindStatusCondition(km.Status.Conditions, infrav1.KilnHealthyCondition)
+		return ready != nil && ready.Reason == infrav1.ReasonReplaced && ready.Status == "False" &&
+			healthy != nil && healthy.Status == "False" && healthy.Reason == infrav1.ReasonRMA
+	}, describe(tc, "cp-0"))
+	km = tc.get("cp-0")
+	if km.Spec.ProviderID != providerID || km.Annotations[infrav1.MachineIDAnnotation] != failed {
+		t.Fatalf("after the RMA: providerID %q (was %q), machine %q (was %q)", km.Spec.ProviderID, providerID,
+			km.Annotations[infrav1.MachineIDAnnotation], failed)
+	}
+	spares := claimsOf(t, k, tc.ns, "cp-0")
+	if len(spares) != 1 || spares[0].ID == failed || spares[0].Claim.Replaces != failed {
+		t.Fatalf("claims after the RMA: %+v", spares)
+	}
+	spare := spares[0].ID
+	t.Logf("RMA of %s: the spare %s holds the claim; %s", failed, spare,
+		meta.FindStatusCondition(km.Status.Conditions, infrav1.ReadyCondition).Message)
+
+	must(t, tc.c.Delete(context.Background(), km))
+	eventually(t, 90*time.Second, "the spare released and the KilnMachine gone", func() bool {
+		m, err := k.cl.GetMachine(context.Background(), spare)
+		return err == nil && m.Claim == nil && tc.get("cp-0") == nil
+	}, func() string {
+		m, _ := k.cl.GetMachine(context.Background(), spare)
+		return fmt.Sprintf("spare %s %s claim %v; %s", m.State, m.Reason, m.Claim != nil, describe(tc, "cp-0")())
+	})
+}

@@ -28,6 +28,8 @@ const (
 	ReasonHealthy                 = "Healthy"
 	ReasonCritical                = "Critical"
 	ReasonReleasing               = "Releasing"
+	ReasonReplaced                = "Replaced"
+	ReasonClaimLost               = "ClaimLost"
 	ReasonKilnError               = "KilnError"
 	ReasonPaused                  = "Paused"
 	ReasonEndpointSet             = "ControlPlaneEndpointSet"
