@@ -18,7 +18,7 @@ FUZZTIME     ?= 10s
 # A developer without them can run `make unit KILN_REQUIRE_ALL=0`.
 KILN_REQUIRE_ALL ?= 1
 
-.PHONY: help build test unit capi-test capi-gen capi-components e2e e2e-ha bench fleet leasecheck fuzz lint depcheck deps-check ci env demo demo-down deps clean
+.PHONY: help build test unit capi-test capi-e2e capi-gen capi-components e2e e2e-ha bench fleet leasecheck fuzz lint depcheck deps-check ci env demo demo-down deps clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -33,7 +33,7 @@ build: ## Build bin/kiln (appliance + CLI) and bin/kiln-agent (static)
 unit: ## Unit, protocol (netns) and VM component tests, with -race
 	KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) KILN_ENV_DIR=$(abspath build/env) $(GOTEST) -timeout $(TEST_TIMEOUT) ./...
 
-test: lint build env unit capi-test e2e e2e-ha ## Everything CI runs: lint, all tests (the env first, for VM tests), the Cluster API provider's, the end-to-end VM runs
+test: lint build env unit capi-test e2e capi-e2e e2e-ha ## Everything CI runs: lint, all tests (the env first, for VM tests), the Cluster API provider's, the end-to-end VM runs
 
 # The Cluster API provider (cmd/kiln-capi, its own Go module).
 CAPI       := cmd/kiln-capi
@@ -46,6 +46,9 @@ capi-test: ## Cluster API provider: generated files current, vet, bin/kiln-capi,
 	@cd $(CAPI) && tmp=$$(mktemp -d) && $(call CAPI_GEN,$$tmp) && diff -r $$tmp/crd config/crd && diff -r $$tmp/rbac config/rbac && rm -rf $$tmp && git diff --exit-code -- api/ || { echo "capi-test: generated files are stale: run make capi-gen and commit"; exit 1; }
 	cd $(CAPI) && $(GO) vet ./... && $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(abspath $(BIN))/kiln-capi .
 	set -o pipefail; assets=$$(deploy/capi/kube/build.sh) && cd $(CAPI) && KUBEBUILDER_ASSETS=$$assets KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) $(GOTEST) -timeout 15m -v ./... 2>&1 | tee $(abspath capi.log) | grep -E '^(--- |ok|FAIL|PASS|panic)|_test.go'
+
+capi-e2e: build env ## Cluster API end to end: a KilnMachine claims the lab's VM, Kiln builds it, the VM boots its disk (prints one e2e: capi line)
+	set -o pipefail; assets=$$(deploy/capi/kube/build.sh) && cd $(CAPI) && KUBEBUILDER_ASSETS=$$assets KILN_E2E=1 KILN_REQUIRE_ALL=$(KILN_REQUIRE_ALL) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestE2ECAPI$$' ./controllers/ 2>&1 | tee $(abspath capi-e2e.log) | grep -E '^(e2e:|--- |=== RUN|ok|FAIL|PASS|panic)'; rc=$$?; if grep -qE '^(--- FAIL|FAIL)' $(abspath capi-e2e.log); then echo "capi-e2e failed; the end of capi-e2e.log:"; tail -n 200 $(abspath capi-e2e.log); exit 1; fi; exit $$rc
 
 capi-components: ## build/capi/infrastructure-components.yaml: the provider's CRDs, role and manager in one file (IMAGE_REF=… names the manager image)
 	mkdir -p build/capi && { for f in $(CAPI)/config/crd/*.yaml $(CAPI)/config/rbac/role.yaml $(CAPI)/config/manager/manager.yaml; do echo '---'; cat $$f; done; } | sed 's#image: IMAGE#image: $(or $(IMAGE_REF),kiln-capi:$(VERSION))#' > build/capi/infrastructure-components.yaml && cp $(CAPI)/metadata.yaml build/capi/
@@ -97,4 +100,4 @@ deps-check: ## Every command the scripts, build and tests call: on a fresh machi
 	$(GO) run ./deploy/scripts/pkgcheck
 
 clean: ## Remove build outputs
-	rm -rf $(BIN) build e2e.log e2e-ha.log bench.log leasecheck.log capi.log
+	rm -rf $(BIN) build e2e.log e2e-ha.log bench.log leasecheck.log capi.log capi-e2e.log

@@ -29,6 +29,11 @@ type Kilns struct {
 	clients map[[32]byte]*kclient.Client
 	// Timeout bounds each Kiln API call (default 30 s).
 	Timeout time.Duration
+	// Transport, when set, carries the calls instead of a clone of
+	// http.DefaultTransport (a caSecretRef is then not applied): a proxy
+	// of the operator's, or the lab's namespace dialer in the end-to-end
+	// test.
+	Transport http.RoundTripper
 }
 
 // For returns the Kiln client of kc. Errors name the Secret or key that is
@@ -51,9 +56,13 @@ func (k *Kilns) For(ctx context.Context, c client.Reader, kc *infrav1.KilnCluste
 	if cl, ok := k.clients[key]; ok {
 		return cl, nil
 	}
+	var rt http.RoundTripper = k.Transport
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.ExpectContinueTimeout = time.Second
-	if len(ca) > 0 {
+	if rt == nil {
+		rt = tr
+	}
+	if len(ca) > 0 && k.Transport == nil {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(ca) {
 			return nil, fmt.Errorf("secret %s/%s: no PEM certificate in the CA bundle", kc.Namespace, ep.CASecretRef.Name)
@@ -65,7 +74,7 @@ func (k *Kilns) For(ctx context.Context, c client.Reader, kc *infrav1.KilnCluste
 		timeout = 30 * time.Second
 	}
 	cl, err := kclient.New(kclient.Config{Server: ep.Server, Token: strings.TrimSpace(string(tok)),
-		HTTPClient: &http.Client{Transport: tr, Timeout: timeout}})
+		HTTPClient: &http.Client{Transport: rt, Timeout: timeout}})
 	if err != nil {
 		return nil, err
 	}

@@ -85,6 +85,12 @@ type manager struct {
 
 func startManager(t *testing.T, wrap func(client.Client) client.Client) *manager {
 	t.Helper()
+	return startManagerKilns(t, wrap, &Kilns{Timeout: 10 * time.Second})
+}
+
+// startManagerKilns is startManager with the given Kiln client cache.
+func startManagerKilns(t *testing.T, wrap func(client.Client) client.Client, kilns *Kilns) *manager {
+	t.Helper()
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0", Controller: config.Controller{SkipNameValidation: ptr(true)}})
 	if err != nil {
@@ -94,7 +100,6 @@ func startManager(t *testing.T, wrap func(client.Client) client.Client) *manager
 	if wrap != nil {
 		c = wrap(c)
 	}
-	kilns := &Kilns{Timeout: 10 * time.Second}
 	if err := (&KilnClusterReconciler{Client: c, Kilns: kilns, Resync: 2 * time.Second}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -138,6 +143,12 @@ var nsSeq int
 
 func newTestCluster(t *testing.T, k *testKiln) *testCluster {
 	t.Helper()
+	return newTestClusterAt(t, k.api, k.token)
+}
+
+// newTestClusterAt is newTestCluster for the Kiln at server with token.
+func newTestClusterAt(t *testing.T, server, token string) *testCluster {
+	t.Helper()
 	c, err := client.New(restCfg, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +161,7 @@ func newTestCluster(t *testing.T, k *testKiln) *testCluster {
 		_ = c.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tc.ns}})
 	})
 	must(t, c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tc.ns, Name: "kiln-token"},
-		Data: map[string][]byte{"token": []byte(k.token)}}))
+		Data: map[string][]byte{"token": []byte(token)}}))
 	cluster := newCAPI("Cluster")
 	cluster.SetNamespace(tc.ns)
 	cluster.SetName(tc.name)
@@ -160,7 +171,7 @@ func newTestCluster(t *testing.T, k *testKiln) *testCluster {
 	tc.kc = &infrav1.KilnCluster{ObjectMeta: metav1.ObjectMeta{Namespace: tc.ns, Name: tc.name,
 		Labels:          map[string]string{ClusterNameLabel: tc.name},
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: CAPIGroup + "/" + CAPIVersion, Kind: "Cluster", Name: tc.name, UID: cluster.GetUID()}}},
-		Spec: infrav1.KilnClusterSpec{Kiln: infrav1.KilnEndpoint{Server: k.api, TokenSecretRef: infrav1.SecretKeyRef{Name: "kiln-token"}},
+		Spec: infrav1.KilnClusterSpec{Kiln: infrav1.KilnEndpoint{Server: server, TokenSecretRef: infrav1.SecretKeyRef{Name: "kiln-token"}},
 			ControlPlaneEndpoint: infrav1.APIEndpoint{Host: "10.20.0.10"}}}
 	must(t, c.Create(ctx, tc.kc))
 	return tc

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,7 +72,24 @@ type Options struct {
 	// verify with a cleared partition table and netboot the agent again on
 	// a power cycle; the bytes are restored and the machine reprovisioned.
 	VerifyFault bool
-	qemuExtra   []string // appended to the VM's qemu arguments (the TPM)
+	// ClaimWith, when set, places the claim instead of the flow's own
+	// Provision of the plain lab image (not with Release, Attest or
+	// VerifyFault): the Cluster API provider's end-to-end run
+	// (cmd/kiln-capi) claims through a KilnMachine. It gets the lab's Kiln,
+	// the available machine's ID and the uploaded image's ID, and returns
+	// once its claim is placed (or will be: the flow then waits for the
+	// machine to settle as usual).
+	ClaimWith func(ctx context.Context, k LabKiln, machineID, imageID string) error
+	qemuExtra []string // appended to the VM's qemu arguments (the TPM)
+}
+
+// LabKiln is the lab's Kiln as ClaimWith sees it: its API URL (inside the
+// lab's server namespace), the admin token, an HTTP client whose
+// connections are opened in that namespace, and a client of the API.
+type LabKiln struct {
+	URL, Token string
+	HTTP       *http.Client
+	API        *client.Client
 }
 
 // Result of a run.
@@ -294,7 +312,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	settled := func(m api.Machine) bool {
 		return m.State == client.StateProvisioned || m.State == client.StateFailed || m.State == client.StateQuarantined
 	}
-	if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: claim}); err != nil {
+	if o.ClaimWith != nil {
+		if o.Release || o.Attest || o.VerifyFault {
+			return r, errors.New("e2e: ClaimWith runs the plain image only")
+		}
+		if err := o.ClaimWith(ctx, LabKiln{URL: k.url, Token: k.token, HTTP: k.hc, API: k.api}, r.MachineID, im.ID); err != nil {
+			return r, fmt.Errorf("claim: %w", err)
+		}
+	} else if _, err := k.api.Provision(ctx, r.MachineID, api.ProvisionRequest{Reason: "e2e", Claim: claim}); err != nil {
 		return r, fmt.Errorf("provision: %w", err)
 	}
 	if err := w.until(ctx, settled); err != nil {
@@ -465,6 +490,9 @@ type kiln struct {
 	data    string
 	logPath string
 	api     *client.Client
+	url     string       // apiURL
+	token   string       // the admin token
+	hc      *http.Client // dials inside the server namespace
 }
 
 // apiURL is where the lab's Kiln serves its API, inside the server namespace.
@@ -543,7 +571,8 @@ lifecycle:
 	if err != nil {
 		return nil, fmt.Errorf("admin token: %w", err)
 	}
-	if k.api, err = client.New(client.Config{Server: apiURL, Token: strings.TrimSpace(string(tok)), HTTPClient: hc}); err != nil {
+	k.url, k.token, k.hc = apiURL, strings.TrimSpace(string(tok)), hc
+	if k.api, err = client.New(client.Config{Server: apiURL, Token: k.token, HTTPClient: hc}); err != nil {
 		return nil, err
 	}
 	if _, err := k.api.SiteStatus(ctx); err != nil {
