@@ -105,7 +105,16 @@ func TestE2ECAPI(t *testing.T) {
 	if km.Spec.ProviderID != ProviderID(r.MachineID) || !km.Status.Ready {
 		t.Fatalf("KilnMachine providerID %q (want %q) ready %v", km.Spec.ProviderID, ProviderID(r.MachineID), km.Status.Ready)
 	}
+	var ip string
+	for _, a := range km.Status.Addresses {
+		if a.Type == "InternalIP" {
+			ip = a.Address
+		}
+	}
+	if ip == "" {
+		t.Fatalf("KilnMachine addresses %+v: no InternalIP (the VM's provisioning lease)", km.Status.Addresses)
+	}
 	secs := time.Unix(0, provisioned.Load()).Sub(created).Seconds()
-	fmt.Printf("e2e: capi KilnMachine provisioned in %.1f s (KilnMachine created to provisioned; %s, the VM booted its disk, the Machine's bootstrap data in its cidata)\n",
-		secs, km.Spec.ProviderID)
+	fmt.Printf("e2e: capi KilnMachine provisioned in %.1f s (KilnMachine created to provisioned; %s at %s, the VM booted its disk, the Machine's bootstrap data in its cidata)\n",
+		secs, km.Spec.ProviderID, ip)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -247,6 +248,9 @@ func (r *KilnMachineReconciler) reconcileNormal(ctx context.Context, kiln *kclie
 		return r.claimMoved(ctx, kiln, km, m, key)
 	}
 	setCond(km, infrav1.MachineClaimedCondition, true, infrav1.ReasonClaimed, "Kiln machine "+id)
+	if m.State == "provisioned" && m.IPv4 == "" {
+		m.IPv4 = provisioningIP(ctx, kiln, m, km.Status.Addresses)
+	}
 	r.follow(km, m)
 	if isTrue(km.Status.Initialization.Provisioned) {
 		return ctrl.Result{RequeueAfter: 10 * r.poll()}, nil
@@ -354,8 +358,40 @@ func critical(m api.Machine) string {
 	return ""
 }
 
+// provisioningIP is the address of m on the provisioning network when Kiln
+// holds no reservation for it: the InternalIP already recorded, else the
+// live DHCP lease (GET /v1/leases) of one of m's NICs ("" when none).
+func provisioningIP(ctx context.Context, kiln *kclient.Client, m api.Machine, have []infrav1.MachineAddress) string {
+	for _, a := range have {
+		if a.Type == "InternalIP" {
+			return a.Address
+		}
+	}
+	macs := map[string]bool{}
+	for _, n := range m.Intended.NICs {
+		macs[strings.ToLower(n.MAC)] = true
+	}
+	if m.Discovered != nil {
+		for _, n := range m.Discovered.NICs {
+			macs[strings.ToLower(n.MAC)] = true
+		}
+	}
+	l, err := kiln.Leases(ctx, false)
+	if err != nil {
+		log.FromContext(ctx).Info("no lease list from Kiln; addresses without InternalIP", "err", err)
+		return ""
+	}
+	for _, ls := range l.Items {
+		if macs[strings.ToLower(ls.MAC)] && ls.State == "bound" && ls.Expiry.After(l.Time) {
+			return ls.IP
+		}
+	}
+	return ""
+}
+
 // addresses are the contract addresses of a provisioned Kiln machine: its
-// provisioning address (InternalIP) and the host name its build wrote.
+// provisioning address (InternalIP: the reservation, or the lease) and the
+// host name its build wrote.
 func addresses(m api.Machine) []infrav1.MachineAddress {
 	var out []infrav1.MachineAddress
 	name := ""
