@@ -131,7 +131,7 @@ const bmcUser, bmcPass = "admin", "capi-test-bmc-pass"
 
 // addMachine creates Kiln machine i with labels and enrolls its BMC (a
 // vbmc on loopback); Kiln inspects it through the BMC (power on, netboot).
-func (k *testKiln) addMachine(t *testing.T, ctx context.Context, i int, labels map[string]string) *simMachine {
+func (k *testKiln) addMachine(t *testing.T, ctx context.Context, i int, labels map[string]string, rack string) *simMachine {
 	t.Helper()
 	m := &simMachine{k: k, t: t, mac: fmt.Sprintf("02:00:00:ca:00:%02x", i), serial: fmt.Sprintf("CAPI%04d", i)}
 	vb, err := vbmc.New(vbmc.Config{Listen: "127.0.0.1:0", Username: bmcUser, Password: bmcPass, NoRequestLog: true,
@@ -143,7 +143,7 @@ func (k *testKiln) addMachine(t *testing.T, ctx context.Context, i int, labels m
 	done := make(chan struct{})
 	go func() { defer close(done); _ = vb.Run(vctx, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
 	t.Cleanup(func() { cancel(); <-done; _ = m.PowerOff() })
-	rec, err := k.cl.CreateMachine(ctx, api.MachineSpec{Name: fmt.Sprintf("srv-%02d", i), Labels: labels,
+	rec, err := k.cl.CreateMachine(ctx, api.MachineSpec{Name: fmt.Sprintf("srv-%02d", i), Labels: labels, Rack: rack,
 		Intended: store.Hardware{Serial: m.serial, NICs: []store.NIC{{Name: "eth0", MAC: m.mac}}},
 		RootDisk: store.DiskRule{MinSizeBytes: 1 << 30}})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -211,10 +212,25 @@ func (r *KilnMachineReconciler) reconcileNormal(ctx context.Context, kiln *kclie
 		if role == "" {
 			role = DefaultRole
 		}
-		ms, err := kiln.Claim(ctx, api.ClaimRequest{Role: role, Labels: km.Spec.Selector, Count: 1,
-			Reason: fmt.Sprintf("cluster api: KilnMachine %s/%s of cluster %s", km.Namespace, km.Name, clusterName),
-			Claim: api.Claim{Image: km.Spec.Image, Hostname: machine.GetName(), UserData: userData, SSHKeys: km.Spec.SSHKeys,
-				Labels: map[string]string{infrav1.OwnerClaimLabel: key, infrav1.ClusterClaimLabel: clusterName}}})
+		claim := api.Claim{Image: km.Spec.Image, Role: role, Hostname: machine.GetName(), UserData: userData, SSHKeys: km.Spec.SSHKeys,
+			Labels: map[string]string{infrav1.OwnerClaimLabel: key, infrav1.ClusterClaimLabel: clusterName}}
+		reason := fmt.Sprintf("cluster api: KilnMachine %s/%s of cluster %s", km.Namespace, km.Name, clusterName)
+		fd := str(machine, "spec", "failureDomain")
+		var ms []api.Machine
+		if fd != "" || km.Spec.RackSpread == infrav1.RackSpreadSpread {
+			var pick string
+			if pick, err = pickMachine(ctx, kiln, km.Spec.Selector, fd, clusterName, km.Spec.RackSpread == infrav1.RackSpreadSpread); err == nil {
+				var m api.Machine
+				if m, err = kiln.Provision(ctx, pick, api.ProvisionRequest{Claim: claim, Reason: reason}); err == nil {
+					ms = []api.Machine{m}
+				} else if c := kilnCode(err); c == "conflict" || c == "illegal_transition" {
+					// Taken since the list: pick again at once.
+					return ctrl.Result{Requeue: true}, nil
+				}
+			}
+		} else {
+			ms, err = kiln.Claim(ctx, api.ClaimRequest{Role: role, Labels: km.Spec.Selector, Count: 1, Reason: reason, Claim: claim})
+		}
 		switch {
 		case kilnCode(err) == "not_enough_machines":
 			setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonNoMachineAvailable, errMessage(err))
@@ -456,6 +472,50 @@ func (r *KilnMachineReconciler) reconcileDelete(ctx context.Context, kiln *kclie
 	before := km.DeepCopy()
 	controllerutil.RemoveFinalizer(km, infrav1.MachineFinalizer)
 	return ctrl.Result{}, r.patchMeta(ctx, before, km)
+}
+
+// errNoMatch is pickMachine's "none available", answered as Kiln's claim
+// answers it (not_enough_machines).
+var errNoMatch = &kclient.Error{Status: http.StatusConflict, Detail: api.ErrorDetail{Code: "not_enough_machines"}}
+
+// pickMachine chooses the available, unclaimed Kiln machine a placed claim
+// goes to: in rack fd when set; with spread, from the rack that holds the
+// fewest machines claimed for cluster (ties: rack ID, then machine ID).
+// The claim itself is Kiln's compare-and-set (POST …/provision), so a
+// machine taken meanwhile is refused, not claimed twice.
+func pickMachine(ctx context.Context, kiln *kclient.Client, selector map[string]string, fd, cluster string, spread bool) (string, error) {
+	avail, err := kiln.ListAllMachines(ctx, kclient.MachineQuery{State: "available", Rack: fd, Labels: selector, Consistent: true, Limit: 1000})
+	if err != nil {
+		return "", err
+	}
+	avail = slices.DeleteFunc(avail, func(m api.Machine) bool { return m.Claim != nil })
+	if len(avail) == 0 {
+		e := *errNoMatch
+		e.Detail.Message = fmt.Sprintf("no available Kiln machine with labels %v in rack %q", selector, fd)
+		return "", &e
+	}
+	used := map[string]int{}
+	if spread {
+		all, err := kiln.ListAllMachines(ctx, kclient.MachineQuery{Consistent: true, Limit: 1000})
+		if err != nil {
+			return "", err
+		}
+		for _, m := range all {
+			if m.Claim != nil && m.Claim.Labels[infrav1.ClusterClaimLabel] == cluster {
+				used[m.Rack]++
+			}
+		}
+	}
+	slices.SortFunc(avail, func(a, b api.Machine) int {
+		if c := used[a.Rack] - used[b.Rack]; c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Rack, b.Rack); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return avail[0].ID, nil
 }
 
 // ownedBy reports whether Kiln machine m holds the claim of owner key.

@@ -45,11 +45,18 @@ func claimsOf(t *testing.T, k *testKiln, ns, name string) []api.Machine {
 
 func runMachines(t *testing.T, k *testKiln, n int, labels map[string]string) map[string]*simMachine {
 	t.Helper()
+	return runMachinesIn(t, k, make([]string, n), labels)
+}
+
+// runMachinesIn is runMachines with machine i in rack racks[i] ("" none).
+func runMachinesIn(t *testing.T, k *testKiln, racks []string, labels map[string]string) map[string]*simMachine {
+	t.Helper()
+	n := len(racks)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	out := map[string]*simMachine{}
 	for i := 0; i < n; i++ {
-		m := k.addMachine(t, ctx, i, labels)
+		m := k.addMachine(t, ctx, i, labels, racks[i])
 		out[m.id] = m
 	}
 	eventually(t, 60*time.Second, "machines inspected and available", func() bool {
@@ -290,4 +297,62 @@ func TestRMAShowsAndDeleteReleasesSpare(t *testing.T) {
 		m, _ := k.cl.GetMachine(context.Background(), spare)
 		return fmt.Sprintf("spare %s %s claim %v; %s", m.State, m.Reason, m.Claim != nil, describe(tc, "cp-0")())
 	})
+}
+
+// Placement over racks: with rackSpread Spread a cluster's machines come
+// from the racks holding the fewest of them; a Machine's failureDomain (a
+// rack of the KilnCluster's failureDomains) gets a machine of that rack.
+func TestRackSpreadAndFailureDomain(t *testing.T) {
+	needAPIServer(t)
+	k := startKiln(t)
+	ctx := context.Background()
+	site, err := k.cl.CreateSite(ctx, api.SiteSpec{Name: "hall-a"})
+	must(t, err)
+	var racks []string
+	for _, name := range []string{"r01", "r02"} {
+		r, err := k.cl.CreateRack(ctx, api.RackSpec{Site: site.ID, Name: name, Units: 42})
+		must(t, err)
+		racks = append(racks, r.ID)
+	}
+	// Rack r01 holds machines 0-2, r02 machine 3: Kiln's own pick and ID
+	// order would take r01 twice.
+	runMachinesIn(t, k, []string{racks[0], racks[0], racks[0], racks[1]}, nil)
+	tc := newTestCluster(t, k)
+	startManager(t, nil)
+	eventually(t, 30*time.Second, "KilnCluster lists both racks as failure domains", func() bool {
+		kc := &infrav1.KilnCluster{}
+		return tc.c.Get(ctx, client.ObjectKeyFromObject(tc.kc), kc) == nil && len(kc.Status.FailureDomains) == 2 && kc.Status.Ready
+	}, func() string { return "" })
+
+	rackOf := func(name string) string {
+		t.Helper()
+		var km *infrav1.KilnMachine
+		eventually(t, 60*time.Second, name+" claimed", func() bool {
+			km = tc.get(name)
+			return km != nil && km.Status.MachineID != ""
+		}, describe(tc, name))
+		m, err := k.cl.GetMachine(ctx, km.Status.MachineID)
+		must(t, err)
+		return m.Rack
+	}
+	spread := infrav1.KilnMachineSpec{Image: k.image.ID, RackSpread: infrav1.RackSpreadSpread}
+	tc.addMachine("w-0", "#cloud-config\n{}\n", spread)
+	first := rackOf("w-0")
+	tc.addMachine("w-1", "#cloud-config\n{}\n", spread)
+	second := rackOf("w-1")
+	if first == second {
+		t.Fatalf("rackSpread Spread put w-0 and w-1 in one rack %s", first)
+	}
+	// The failure domain: r01 has machines left, r02 none; ask for r01.
+	tc.addMachineIn("cp-0", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: k.image.ID}, racks[0])
+	if got := rackOf("cp-0"); got != racks[0] {
+		t.Fatalf("cp-0 with failureDomain %s got a machine in rack %s", racks[0], got)
+	}
+	// A failure domain with no machine left says so.
+	tc.addMachineIn("cp-1", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: k.image.ID}, racks[1])
+	eventually(t, 30*time.Second, "cp-1 says its rack has no machine", func() bool {
+		c := meta.FindStatusCondition(tc.get("cp-1").Status.Conditions, infrav1.MachineClaimedCondition)
+		return c != nil && c.Reason == infrav1.ReasonNoMachineAvailable
+	}, describe(tc, "cp-1"))
+	t.Logf("spread: w-0 in %s, w-1 in %s; cp-0 (failure domain %s) placed there", first, second, racks[0])
 }

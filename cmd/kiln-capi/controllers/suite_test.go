@@ -180,6 +180,13 @@ func newTestClusterAt(t *testing.T, server, token string) *testCluster {
 // addMachine creates what a MachineDeployment would: the bootstrap data
 // Secret, a Machine naming it, and the KilnMachine the Machine owns.
 func (tc *testCluster) addMachine(name, userData string, spec infrav1.KilnMachineSpec) *infrav1.KilnMachine {
+	tc.t.Helper()
+	return tc.addMachineIn(name, userData, spec, "")
+}
+
+// addMachineIn is addMachine with the Machine's spec.failureDomain set to
+// fd (when not "").
+func (tc *testCluster) addMachineIn(name, userData string, spec infrav1.KilnMachineSpec, fd string) *infrav1.KilnMachine {
 	t := tc.t
 	t.Helper()
 	ctx := context.Background()
@@ -191,6 +198,9 @@ func (tc *testCluster) addMachine(name, userData string, spec infrav1.KilnMachin
 	m.SetLabels(map[string]string{ClusterNameLabel: tc.name})
 	must(t, unstructured.SetNestedField(m.Object, tc.name, "spec", "clusterName"))
 	must(t, unstructured.SetNestedField(m.Object, name+"-bootstrap", "spec", "bootstrap", "dataSecretName"))
+	if fd != "" {
+		must(t, unstructured.SetNestedField(m.Object, fd, "spec", "failureDomain"))
+	}
 	must(t, unstructured.SetNestedMap(m.Object, map[string]any{"apiGroup": infrav1.GroupVersion.Group, "kind": "KilnMachine", "name": name},
 		"spec", "infrastructureRef"))
 	must(t, tc.c.Create(ctx, m))

@@ -191,7 +191,23 @@ type KilnMachineSpec struct {
 	// SSHKeys are authorized keys staged with the bootstrap data.
 	// +optional
 	SSHKeys []string `json:"sshKeys,omitempty"`
+	// RackSpread is the placement policy over Kiln racks. None (default):
+	// Kiln picks among the matching machines. Spread: the machine comes
+	// from the rack holding the fewest machines of this cluster (then
+	// rack ID order), so a MachineDeployment's workers spread over racks
+	// as KubeadmControlPlane spreads over failure domains. Either way a
+	// Machine with spec.failureDomain (a rack ID of the KilnCluster's
+	// failureDomains) gets a machine of that rack.
+	// +kubebuilder:validation:Enum=None;Spread
+	// +optional
+	RackSpread string `json:"rackSpread,omitempty"`
 }
+
+// Rack spread policies (KilnMachineSpec.RackSpread).
+const (
+	RackSpreadNone   = "None"
+	RackSpreadSpread = "Spread"
+)
 
 // MachineAddress is a contract address of a machine.
 type MachineAddress struct {
