@@ -27,6 +27,7 @@ import (
 type Kilns struct {
 	mu      sync.Mutex
 	clients map[[32]byte]*kclient.Client
+	byCl    map[string]*kclient.Client // "namespace/cluster" → the last client that worked
 	// Timeout bounds each Kiln API call (default 30 s).
 	Timeout time.Duration
 	// Transport, when set, carries the calls instead of a clone of
@@ -83,6 +84,23 @@ func (k *Kilns) For(ctx context.Context, c client.Reader, kc *infrav1.KilnCluste
 	}
 	k.clients[key] = cl
 	return cl, nil
+}
+
+func (k *Kilns) remember(ns, cluster string, cl *kclient.Client) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.byCl == nil {
+		k.byCl = map[string]*kclient.Client{}
+	}
+	k.byCl[ns+"/"+cluster] = cl
+}
+
+// last is the client remember last kept for the cluster (nil if none:
+// this process never reached that cluster's Kiln).
+func (k *Kilns) last(ns, cluster string) *kclient.Client {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.byCl[ns+"/"+cluster]
 }
 
 func secretValue(ctx context.Context, c client.Reader, ns string, ref infrav1.SecretKeyRef, def string) ([]byte, error) {

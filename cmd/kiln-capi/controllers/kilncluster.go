@@ -2,7 +2,11 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,10 +64,19 @@ func (r *KilnClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		}
 		cluster = c
 	}
-	if paused(cluster, kc) || !kc.DeletionTimestamp.IsZero() {
+	if paused(cluster, kc) {
 		return ctrl.Result{}, nil
 	}
 	before := kc.DeepCopy()
+	if !kc.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, kc)
+	}
+	if controllerutil.AddFinalizer(kc, infrav1.ClusterFinalizer) {
+		if err := r.Patch(ctx, kc, client.MergeFrom(before)); err != nil {
+			return ctrl.Result{}, err
+		}
+		before = kc.DeepCopy()
+	}
 	resync := r.Resync
 	if resync <= 0 {
 		resync = 5 * time.Minute
@@ -107,6 +120,35 @@ func (r *KilnClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, err
 	}
 	return res, nil
+}
+
+// reconcileDelete keeps the KilnCluster (and so the Kiln endpoint its
+// KilnMachines release through) until no KilnMachine of its cluster is
+// left: a namespace deletion or `kubectl delete -f` of a whole cluster
+// removes them together.
+func (r *KilnClusterReconciler) reconcileDelete(ctx context.Context, kc *infrav1.KilnCluster) (ctrl.Result, error) {
+	name := kc.Labels[ClusterNameLabel]
+	if name == "" {
+		name = ownerOfKind(kc, "Cluster")
+	}
+	if name != "" {
+		var l infrav1.KilnMachineList
+		if err := r.List(ctx, &l, client.InNamespace(kc.Namespace), client.MatchingLabels{ClusterNameLabel: name}); err != nil {
+			return ctrl.Result{}, err
+		}
+		if len(l.Items) > 0 {
+			before := kc.DeepCopy()
+			clusterCond(kc, infrav1.ReadyCondition, false, infrav1.ReasonReleasing,
+				fmt.Sprintf("waiting for %d KilnMachines of cluster %s to release their Kiln machines", len(l.Items), name))
+			if err := r.Status().Patch(ctx, kc, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, err
+			}
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+	}
+	before := kc.DeepCopy()
+	controllerutil.RemoveFinalizer(kc, infrav1.ClusterFinalizer)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, kc, client.MergeFrom(before)))
 }
 
 func clusterCond(kc *infrav1.KilnCluster, typ string, ok bool, reason, msg string) {

@@ -120,14 +120,21 @@ func (r *KilnMachineReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err := r.Get(ctx, req.NamespacedName, km); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	deleting := !km.DeletionTimestamp.IsZero()
 	machineName := ownerOfKind(km, "Machine")
-	if machineName == "" {
+	if machineName == "" && !deleting {
 		logger.Info("waiting for the Machine owner reference")
 		return ctrl.Result{}, nil
 	}
-	machine, err := getCAPI(ctx, r.Client, "Machine", km.Namespace, machineName)
-	if err != nil || machine == nil {
-		return ctrl.Result{}, err
+	var machine *unstructured.Unstructured
+	if machineName != "" {
+		var err error
+		if machine, err = getCAPI(ctx, r.Client, "Machine", km.Namespace, machineName); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if machine == nil && !deleting {
+		return ctrl.Result{}, nil // the Machine's creation requeues
 	}
 	clusterName := km.Labels[ClusterNameLabel]
 	if clusterName == "" {
@@ -141,16 +148,22 @@ func (r *KilnMachineReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		logger.Info("paused")
 		return ctrl.Result{}, nil
 	}
-	if cluster == nil {
+	if cluster == nil && !deleting {
 		return ctrl.Result{RequeueAfter: r.poll()}, nil
 	}
-	kc := &infrav1.KilnCluster{}
-	kcName := str(cluster, "spec", "infrastructureRef", "name")
-	if kcName == "" || str(cluster, "spec", "infrastructureRef", "kind") != "KilnCluster" {
-		return ctrl.Result{}, fmt.Errorf("cluster %s: spec.infrastructureRef is not a KilnCluster", clusterName)
-	}
-	if err := r.Get(ctx, types.NamespacedName{Namespace: km.Namespace, Name: kcName}, kc); err != nil {
-		return ctrl.Result{}, err
+	var kc *infrav1.KilnCluster
+	if cluster != nil {
+		kcName := str(cluster, "spec", "infrastructureRef", "name")
+		if kcName == "" || str(cluster, "spec", "infrastructureRef", "kind") != "KilnCluster" {
+			return ctrl.Result{}, fmt.Errorf("cluster %s: spec.infrastructureRef is not a KilnCluster", clusterName)
+		}
+		kc = &infrav1.KilnCluster{}
+		if err := r.Get(ctx, types.NamespacedName{Namespace: km.Namespace, Name: kcName}, kc); err != nil {
+			if !deleting || !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, err
+			}
+			kc = nil
+		}
 	}
 
 	before := km.DeepCopy()
@@ -160,12 +173,27 @@ func (r *KilnMachineReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		}
 	}()
 
-	kiln, err := r.Kilns.For(ctx, r.Client, kc)
-	if err != nil {
-		setCond(km, infrav1.KilnReachableCondition, false, infrav1.ReasonKilnError, err.Error())
+	var kiln *kclient.Client
+	err = fmt.Errorf("the Cluster %s or its KilnCluster is gone", clusterName)
+	if kc != nil {
+		kiln, err = r.Kilns.For(ctx, r.Client, kc)
+	}
+	if err == nil {
+		r.Kilns.remember(km.Namespace, clusterName, kiln)
+	} else if deleting {
+		// Deleted with its cluster (a namespace deletion takes the token
+		// Secret at once): the last client that worked still releases.
+		kiln = r.Kilns.last(km.Namespace, clusterName)
+	}
+	if kiln == nil {
+		why := err.Error()
+		if deleting {
+			why = "cannot release the Kiln machine: " + why + "; restore the KilnCluster and its token Secret, or remove the finalizer by hand after releasing it in Kiln"
+		}
+		setCond(km, infrav1.KilnReachableCondition, false, infrav1.ReasonKilnError, why)
 		return ctrl.Result{RequeueAfter: r.poll()}, nil
 	}
-	if !km.DeletionTimestamp.IsZero() {
+	if deleting {
 		return r.reconcileDelete(ctx, kiln, km)
 	}
 	if controllerutil.AddFinalizer(km, infrav1.MachineFinalizer) {
@@ -223,7 +251,7 @@ func (r *KilnMachineReconciler) reconcileNormal(ctx context.Context, kiln *kclie
 				var m api.Machine
 				if m, err = kiln.Provision(ctx, pick, api.ProvisionRequest{Claim: claim, Reason: reason}); err == nil {
 					ms = []api.Machine{m}
-				} else if c := kilnCode(err); c == "conflict" || c == "illegal_transition" {
+				} else if c := kilnCode(err); c == "conflict" || c == "illegal_transition" || c == "wrong_state" {
 					// Taken since the list: pick again at once.
 					return ctrl.Result{Requeue: true}, nil
 				}
@@ -237,11 +265,12 @@ func (r *KilnMachineReconciler) reconcileNormal(ctx context.Context, kiln *kclie
 			setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonNoMachineAvailable, errMessage(err))
 			return ctrl.Result{RequeueAfter: 3 * r.poll()}, nil
 		case err != nil && kilnStatus(err) >= 400 && kilnStatus(err) < 500:
-			// The claim itself is refused (bad image, bad selector): say so
-			// and wait for the spec to change.
+			// The claim itself is refused (an image not uploaded yet, a
+			// token without the operator role, a bad selector): say so and
+			// try again later, as the cause may be fixed outside this spec.
 			setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonKilnError, errMessage(err))
 			setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonKilnError, errMessage(err))
-			return ctrl.Result{}, nil
+			return ctrl.Result{RequeueAfter: 6 * r.poll()}, nil
 		case err != nil:
 			setCond(km, infrav1.KilnReachableCondition, false, infrav1.ReasonKilnError, err.Error())
 			return ctrl.Result{RequeueAfter: r.poll()}, nil
@@ -299,6 +328,13 @@ func (r *KilnMachineReconciler) claimMoved(ctx context.Context, kiln *kclient.Cl
 		msg := fmt.Sprintf("Kiln replaced machine %s (%s) with spare %s (%s); this Machine must be replaced", m.ID, m.State, spare.ID, spare.State)
 		setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonReplaced, msg)
 		setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonReplaced, msg)
+		r.health(km, m)
+	case m.Remediation != nil && m.Remediation.Claim != nil && m.Remediation.Claim.Labels[infrav1.OwnerClaimLabel] == key:
+		// Declared failed with no spare free yet: Kiln keeps the claim for
+		// the next spare that matches.
+		msg := fmt.Sprintf("Kiln declared machine %s failed (%s); the claim waits for a spare", m.ID, m.State)
+		setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonAwaitingSpare, msg)
+		setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonAwaitingSpare, msg)
 		r.health(km, m)
 	default:
 		msg := fmt.Sprintf("Kiln machine %s no longer holds this KilnMachine's claim (state %s): released outside Cluster API", m.ID, m.State)

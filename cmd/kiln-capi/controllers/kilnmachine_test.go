@@ -1,7 +1,10 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -355,4 +358,54 @@ func TestRackSpreadAndFailureDomain(t *testing.T) {
 		return c != nil && c.Reason == infrav1.ReasonNoMachineAvailable
 	}, describe(tc, "cp-1"))
 	t.Logf("spread: w-0 in %s, w-1 in %s; cp-0 (failure domain %s) placed there", first, second, racks[0])
+}
+
+// A cluster deleted whole (KilnCluster with its machines, as a namespace
+// deletion or kubectl delete -f does) still releases every Kiln machine:
+// the KilnCluster waits for its KilnMachines.
+func TestClusterDeletedWholeReleases(t *testing.T) {
+	needAPIServer(t)
+	k := startKiln(t)
+	runMachines(t, k, 1, nil)
+	tc := newTestCluster(t, k)
+	startManager(t, nil)
+	tc.addMachine("w-0", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: k.image.ID})
+	eventually(t, 60*time.Second, "w-0 claimed", func() bool { return tc.get("w-0").Annotations[infrav1.MachineIDAnnotation] != "" }, describe(tc, "w-0"))
+	id := tc.get("w-0").Annotations[infrav1.MachineIDAnnotation]
+	must(t, tc.c.Delete(context.Background(), tc.kc))
+	must(t, tc.c.Delete(context.Background(), tc.get("w-0")))
+	eventually(t, 60*time.Second, "w-0 released and gone, then the KilnCluster", func() bool {
+		kc := &infrav1.KilnCluster{}
+		gone := client.IgnoreNotFound(tc.c.Get(context.Background(), client.ObjectKeyFromObject(tc.kc), kc)) == nil && kc.Name == ""
+		return tc.get("w-0") == nil && gone
+	}, describe(tc, "w-0"))
+	if n := len(claimsOf(t, k, tc.ns, "w-0")); n != 0 {
+		t.Fatalf("%d Kiln machines still hold w-0's claim", n)
+	}
+	m, err := k.cl.GetMachine(context.Background(), id)
+	must(t, err)
+	t.Logf("w-0's machine %s after the cluster's deletion: %s (claim %v)", id, m.State, m.Claim != nil)
+}
+
+// A claim Kiln refuses (the image is not uploaded yet) is tried again: once
+// the image exists, the KilnMachine claims without its spec changing.
+func TestRefusedClaimRetried(t *testing.T) {
+	needAPIServer(t)
+	k := startKiln(t)
+	runMachines(t, k, 1, nil)
+	tc := newTestCluster(t, k)
+	startManager(t, nil)
+	tc.addMachine("w-1", "#cloud-config\n{}\n", infrav1.KilnMachineSpec{Image: "img-later"})
+	eventually(t, 30*time.Second, "w-1 refused", func() bool {
+		c := meta.FindStatusCondition(tc.get("w-1").Status.Conditions, infrav1.MachineClaimedCondition)
+		return c != nil && c.Reason == infrav1.ReasonKilnError
+	}, describe(tc, "w-1"))
+	sum := sha256.Sum256(k.imageBody)
+	if _, _, err := k.cl.PutImage(context.Background(), "img-later", kclient.ImageMeta{Name: "later", Version: "1",
+		SHA256: hex.EncodeToString(sum[:])}, bytes.NewReader(k.imageBody), int64(len(k.imageBody))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "w-1 claims once the image exists", func() bool {
+		return tc.get("w-1").Annotations[infrav1.MachineIDAnnotation] != ""
+	}, describe(tc, "w-1"))
 }

@@ -30,6 +30,7 @@ const (
 	ReasonReleasing               = "Releasing"
 	ReasonReplaced                = "Replaced"
 	ReasonClaimLost               = "ClaimLost"
+	ReasonAwaitingSpare           = "AwaitingSpare"
 	ReasonKilnError               = "KilnError"
 	ReasonPaused                  = "Paused"
 	ReasonEndpointSet             = "ControlPlaneEndpointSet"
