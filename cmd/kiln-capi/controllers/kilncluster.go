@@ -8,8 +8,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -152,10 +150,5 @@ func (r *KilnClusterReconciler) reconcileDelete(ctx context.Context, kc *infrav1
 }
 
 func clusterCond(kc *infrav1.KilnCluster, typ string, ok bool, reason, msg string) {
-	st := metav1.ConditionFalse
-	if ok {
-		st = metav1.ConditionTrue
-	}
-	meta.SetStatusCondition(&kc.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: trim(msg),
-		ObservedGeneration: kc.Generation})
+	setCondition(&kc.Status.Conditions, kc.Generation, typ, ok, reason, msg)
 }

@@ -261,15 +261,13 @@ func (r *KilnMachineReconciler) reconcileNormal(ctx context.Context, kiln *kclie
 		}
 		switch {
 		case kilnCode(err) == "not_enough_machines":
-			setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonNoMachineAvailable, errMessage(err))
-			setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonNoMachineAvailable, errMessage(err))
+			notClaimed(km, infrav1.ReasonNoMachineAvailable, errMessage(err))
 			return ctrl.Result{RequeueAfter: 3 * r.poll()}, nil
 		case err != nil && kilnStatus(err) >= 400 && kilnStatus(err) < 500:
 			// The claim itself is refused (an image not uploaded yet, a
 			// token without the operator role, a bad selector): say so and
 			// try again later, as the cause may be fixed outside this spec.
-			setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonKilnError, errMessage(err))
-			setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonKilnError, errMessage(err))
+			notClaimed(km, infrav1.ReasonKilnError, errMessage(err))
 			return ctrl.Result{RequeueAfter: 6 * r.poll()}, nil
 		case err != nil:
 			setCond(km, infrav1.KilnReachableCondition, false, infrav1.ReasonKilnError, err.Error())
@@ -326,20 +324,17 @@ func (r *KilnMachineReconciler) claimMoved(ctx context.Context, kiln *kclient.Cl
 		return ctrl.Result{Requeue: true}, nil
 	case spare != nil:
 		msg := fmt.Sprintf("Kiln replaced machine %s (%s) with spare %s (%s); this Machine must be replaced", m.ID, m.State, spare.ID, spare.State)
-		setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonReplaced, msg)
-		setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonReplaced, msg)
+		notClaimed(km, infrav1.ReasonReplaced, msg)
 		r.health(km, m)
 	case m.Remediation != nil && m.Remediation.Claim != nil && m.Remediation.Claim.Labels[infrav1.OwnerClaimLabel] == key:
 		// Declared failed with no spare free yet: Kiln keeps the claim for
 		// the next spare that matches.
 		msg := fmt.Sprintf("Kiln declared machine %s failed (%s); the claim waits for a spare", m.ID, m.State)
-		setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonAwaitingSpare, msg)
-		setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonAwaitingSpare, msg)
+		notClaimed(km, infrav1.ReasonAwaitingSpare, msg)
 		r.health(km, m)
 	default:
 		msg := fmt.Sprintf("Kiln machine %s no longer holds this KilnMachine's claim (state %s): released outside Cluster API", m.ID, m.State)
-		setCond(km, infrav1.MachineClaimedCondition, false, infrav1.ReasonClaimLost, msg)
-		setCond(km, infrav1.ReadyCondition, false, infrav1.ReasonClaimLost, msg)
+		notClaimed(km, infrav1.ReasonClaimLost, msg)
 	}
 	return ctrl.Result{RequeueAfter: 3 * r.poll()}, nil
 }
@@ -632,12 +627,24 @@ func bootstrapData(ctx context.Context, c client.Reader, ns, name string) (strin
 }
 
 func setCond(km *infrav1.KilnMachine, typ string, ok bool, reason, msg string) {
+	setCondition(&km.Status.Conditions, km.Generation, typ, ok, reason, msg)
+}
+
+// notClaimed says, in MachineClaimed and Ready alike, why km holds no
+// claim it can use.
+func notClaimed(km *infrav1.KilnMachine, reason, msg string) {
+	setCond(km, infrav1.MachineClaimedCondition, false, reason, msg)
+	setCond(km, infrav1.ReadyCondition, false, reason, msg)
+}
+
+// setCondition sets condition typ (True when ok) in conds, observed at
+// generation gen, its message cut to 1000 bytes.
+func setCondition(conds *[]metav1.Condition, gen int64, typ string, ok bool, reason, msg string) {
 	st := metav1.ConditionFalse
 	if ok {
 		st = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(&km.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: trim(msg),
-		ObservedGeneration: km.Generation})
+	meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: trim(msg), ObservedGeneration: gen})
 }
 
 func trim(s string) string {
